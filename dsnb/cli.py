@@ -1,0 +1,113 @@
+"""The command line: every run-config field is a --<field> flag.
+
+    python -m dsnb run --offline --strategy zero3 --offload_param cpu    # one variant, one MLflow run
+    python -m dsnb compare --offline                                     # the tutorial's pair, then a table
+    python -m dsnb export -o dsnb_mlflow.zip                             # the store in one zip
+    python -m dsnb ui                                                    # how to open MLflow's UI locally
+
+Exit codes: 0 success; 1 a run failed (recorded as a FAILED MLflow run); 2 invalid configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import OFFLINE, OFFLINE_ENV, ConfigError, RunConfig, field_docs, field_names, offline_requested, read_yaml
+
+
+def config_parser() -> argparse.ArgumentParser:
+    """Flags shared by every command that builds a RunConfig."""
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_argument_group("run config (defaults: the tutorial's values)")
+    group.add_argument("-f", "--file", help="YAML file of run-config fields; flags override it")
+    group.add_argument("--offline", action="store_true",
+                       help=f"the offline default {OFFLINE} (also {OFFLINE_ENV}=1)")
+    docs = field_docs()
+    defaults = RunConfig().to_dict()
+    for name in field_names():
+        group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="V",
+                           help=f"{docs.get(name, '')} (default {defaults[name]!r})")
+    return parser
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    """Defaults < offline preset < YAML file < flags."""
+    values: dict = {}
+    if args.offline or offline_requested():
+        values.update(OFFLINE)
+    if args.file:
+        values.update(read_yaml(args.file))
+    values.update({k: v for k, v in vars(args).items() if k in field_names()})
+    return RunConfig.from_dict(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    common = config_parser()
+    parser = argparse.ArgumentParser(prog="python -m dsnb", description="What DeepSpeed buys you, measured.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
+    sub.add_parser("compare", parents=[common], help="run the tutorial's pair and print the table")
+    export = sub.add_parser("export", help="zip the MLflow store for download")
+    export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
+    ui = sub.add_parser("ui", help="print the command that opens the MLflow UI on 127.0.0.1")
+    ui.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as e:
+        print(f"dsnb: error: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_run(args) -> int:
+    from .run import train
+
+    cfg = build_config(args)
+    try:
+        metrics = train(cfg)
+    except ConfigError:
+        raise
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print("dsnb: the run failed; it is recorded as a FAILED MLflow run with its error", file=sys.stderr)
+        return 1
+    print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .report import compare_table, format_table
+    from .sweep import run_all, tutorial_pair
+
+    cfg = build_config(args)
+    results = run_all(tutorial_pair(cfg))
+    print(format_table(compare_table(cfg.tracking_uri, [r["run_id"] for r in results])))
+    from .tracking import ui_command
+
+    print(f"\nOpen the runs side by side: {ui_command(cfg.tracking_uri)}")
+    return 0 if all(r["status"] == "FINISHED" for r in results) else 1
+
+
+def cmd_export(args) -> int:
+    from .tracking import export_store, ui_command
+
+    try:
+        path = export_store(args.tracking_uri, args.output)
+    except (FileNotFoundError, FileExistsError) as e:
+        raise ConfigError(str(e)) from None
+    print(f"wrote {path}; unzip it and run `{ui_command('sqlite:///mlflow.db')}` in that folder")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from .tracking import ui_command
+
+    print(ui_command(args.tracking_uri))
+    print("This binds to 127.0.0.1 only: the MLflow UI has no login. Reach it from elsewhere through an SSH tunnel.")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "export": cmd_export, "ui": cmd_ui}

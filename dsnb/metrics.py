@@ -1,0 +1,167 @@
+"""What a run costs, measured: peak memory (allocator, NVML, RSS), throughput in samples and real tokens, MFU.
+
+    with PeakMemory(device) as mem:       # NVML and RSS sampled in a thread at 20 Hz
+        trainer.train()
+    mem.summary()                         # peak_gpu_allocated_mb, peak_gpu_reserved_mb, peak_gpu_nvml_mb, ...
+    timer = StepTimer(warmup_steps=1)     # a TrainerCallback; timer.throughput(...) after training
+
+MFU convention: model FLOPs per real (non-padding) token = 6 N for full fine-tuning and 4 N + 6 N_trainable
+with LoRA (forward 2 N, input gradients 2 N, weight gradients only for trained weights), where N counts
+the weights of every matrix multiply (attention and MLP projections and the LM head; attention scores
+and embedding lookups left out), divided by the device's dense bf16/fp16 peak from its datasheet.
+"""
+from __future__ import annotations
+
+import resource
+import threading
+import time
+
+MB = 2**20
+# Dense (no sparsity) bf16/fp16 tensor-core peaks from the vendors' datasheets, FLOP/s.
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12,
+                  "A10G": 70e12, "A10": 125e12, "T4": 65e12, "V100": 125e12, "RTX 4090": 165e12, "A6000": 155e12}
+
+
+class PeakMemory:
+    """Peak GPU memory (allocator and NVML) and CPU RSS of this process over a `with` block."""
+
+    def __init__(self, device: str, interval: float = 0.05):
+        self.device, self.interval = device, interval
+        self.cuda = device.startswith("cuda")
+        self.nvml_peak = self.nvml_start = 0
+        self.rss_peak = 0
+        self._stop = threading.Event()
+        self._handle = None
+
+    def __enter__(self):
+        import psutil
+
+        self._proc = psutil.Process()
+        if self.cuda:
+            import pynvml
+            import torch
+
+            pynvml.nvmlInit()
+            index = torch.device(self.device).index or 0
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            # Device-wide use before this run touched the GPU; the run's share is the rise above it.
+            self.nvml_start = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
+            torch.cuda.reset_peak_memory_stats(index)
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self):
+        self.rss_peak = max(self.rss_peak, self._proc.memory_info().rss)
+        if self._handle is not None:
+            import pynvml
+
+            self.nvml_peak = max(self.nvml_peak, pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return False
+
+    def summary(self) -> dict:
+        """Peaks so far in MB; GPU figures are 0 on a CPU run (no GPU memory was used)."""
+        out = {"peak_gpu_allocated_mb": 0.0, "peak_gpu_reserved_mb": 0.0, "peak_gpu_nvml_mb": 0.0}
+        if self.cuda:
+            import torch
+
+            out["peak_gpu_allocated_mb"] = torch.cuda.max_memory_allocated(self.device) / MB
+            out["peak_gpu_reserved_mb"] = torch.cuda.max_memory_reserved(self.device) / MB
+            out["peak_gpu_nvml_mb"] = max(0, self.nvml_peak - self.nvml_start) / MB
+        # ru_maxrss is the kernel's exact high-water mark (KiB on Linux); the sampler may miss a spike.
+        out["peak_cpu_rss_mb"] = max(self.rss_peak / MB, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        return out
+
+
+def gputil_used_mb(index: int = 0) -> float:
+    """GPU memory in use as GPUtil (nvidia-smi) reports it: the tutorial's before/after reading."""
+    import GPUtil
+
+    try:
+        gpus = GPUtil.getGPUs()
+    except Exception:  # no nvidia-smi: a CPU machine
+        return 0.0
+    return float(gpus[index].memoryUsed) if len(gpus) > index else 0.0
+
+
+def matmul_params(config) -> int:
+    """N: weights in matrix multiplies of a decoder (Llama-family config), LM head included."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q and o; k and v
+    mlp = 3 * h * config.intermediate_size  # gate, up, down
+    return layers * (attn + mlp) + h * config.vocab_size
+
+
+def flops_per_token(config, trainable: int, full: bool) -> float:
+    n = matmul_params(config)
+    return 6.0 * n if full else 4.0 * n + 6.0 * trainable
+
+
+def peak_flops(device: str) -> tuple[float, str]:
+    """(FLOP/s, source): the datasheet peak of a known GPU, else a measured matmul rate."""
+    import torch
+
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+        for key, flops in GPU_PEAK_FLOPS.items():
+            if key in name:
+                return flops, f"datasheet dense bf16 ({name})"
+        dtype, size = torch.bfloat16, 8192
+    else:
+        dtype, size = torch.float32, 1024
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    start, reps = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.5:
+        a @ b
+        reps += 1
+        sync(device)
+    rate = 2 * size**3 * reps / (time.perf_counter() - start)
+    return rate, f"measured {str(dtype).split('.')[-1]} matmul {size}x{size} on {device}"
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+class StepTimer:
+    """Times optimizer steps after `warmup_steps`, with the real tokens seen (Trainer's non-padding count)."""
+
+    def __init__(self, device: str, warmup_steps: int):
+        self.device, self.warmup_steps = device, warmup_steps
+        self.marks: list[tuple[float, int, int]] = []  # (time, step, tokens seen)
+
+    def mark(self, step: int, tokens: int) -> None:
+        sync(self.device)
+        self.marks.append((time.perf_counter(), step, tokens))
+
+    def throughput(self, samples_per_step: int) -> dict:
+        """Steady-state samples/s and real tokens/s between the warm-up mark and the last step."""
+        if len(self.marks) < 2:
+            return {}
+        first = next((m for m in self.marks if m[1] >= self.warmup_steps), self.marks[0])
+        if first is self.marks[-1]:
+            first = self.marks[0]
+        (t0, s0, k0), (t1, s1, k1) = first, self.marks[-1]
+        seconds = t1 - t0
+        return {"samples_per_second": (s1 - s0) * samples_per_step / seconds,
+                "tokens_per_second": (k1 - k0) / seconds,
+                "step_time_ms": 1000 * seconds / (s1 - s0), "timed_steps": s1 - s0}

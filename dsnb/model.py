@@ -1,0 +1,161 @@
+"""Model and tokenizer loading: a hub id, a local directory, or an offline synthetic model of a real shape.
+
+    model, tokenizer = load_model(cfg, device="cuda:0")   # quantized and wrapped in LoRA as cfg says
+
+Synthetic models (`synthetic:tiny`, `synthetic:llama-3.2-3b`, ...) have random weights and a real Llama
+architecture, so memory and speed are real while loss values mean nothing. They are built once into
+a cache folder (DSNB_CACHE, default ~/.cache/dsnb) with a byte-level BPE tokenizer trained by dsnb on
+its own synthetic text, then loaded through the same from_pretrained path as any local model.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from .config import ConfigError, RunConfig
+
+# Llama shapes: hidden, layers, heads, kv heads, MLP width, vocab, tied embeddings.
+SHAPES = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=172, vocab_size=0, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+    "llama-3.2-3b": dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
+}
+TOKENIZER_VOCAB = 420  # gives ~38 tokens a prompt, near the ~39 of the real model on SQuAD; vocab_size 0 above = this
+SYNTHETIC_VERSION = 1  # bump when SHAPES or the tokenizer change, so cached builds are not reused
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def cache_dir() -> str:
+    return os.environ.get("DSNB_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dsnb"))
+
+
+def resolve_model(name: str) -> str:
+    """A path or hub id that from_pretrained can load; synthetic models are built on first use."""
+    if name.startswith("synthetic:"):
+        shape = name.split(":", 1)[1]
+        if shape not in SHAPES:
+            raise ConfigError(f"model {name!r} is unknown; synthetic shapes are "
+                              f"{', '.join('synthetic:' + s for s in SHAPES)}")
+        path = os.path.join(cache_dir(), f"synthetic-v{SYNTHETIC_VERSION}", shape)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            build_synthetic(shape, path)
+        return path
+    if os.path.isdir(name):
+        return name
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise ConfigError(f"model directory {name!r} does not exist; give a local folder, a hub id or synthetic:tiny")
+    return name
+
+
+def build_synthetic(shape: str, path: str) -> None:
+    """Write a random-init Llama of `shape` and dsnb's tokenizer to `path` (atomically)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{shape}-")
+    tokenizer = train_tokenizer()
+    tokenizer.save_pretrained(tmp)
+    dims = dict(SHAPES[shape])
+    dims["vocab_size"] = dims["vocab_size"] or len(tokenizer)
+    config = LlamaConfig(**dims, max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         head_dim=dims["hidden_size"] // dims["num_attention_heads"])
+    torch.manual_seed(0)
+    large = shape != "tiny"
+    device = "cuda" if large and torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if large else torch.float32)
+    model.save_pretrained(tmp)
+    del model
+    if os.path.isdir(path):  # another process finished first
+        shutil.rmtree(tmp)
+        return
+    os.replace(tmp, path)
+
+
+def train_tokenizer():
+    """A byte-level BPE tokenizer trained on dsnb's synthetic SQuAD text (Korean and English)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from .data import format_prompt, synthetic_squad
+
+    rows = synthetic_squad(4000, seed=1)
+    corpus = [format_prompt(r) for r in rows] + [r["context"] for r in rows]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos = tok.token_to_id(specials[0])
+    tok.post_processor = processors.TemplateProcessing(single=f"{specials[0]} $A", special_tokens=[(specials[0], bos)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[0], eos_token=specials[1],
+                                   pad_token=specials[1], model_max_length=8192)
+
+
+def load_tokenizer(cfg: RunConfig):
+    from transformers import AutoTokenizer
+
+    path = resolve_model(cfg.model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise ConfigError(f"model {cfg.model!r} could not be loaded ({str(e).splitlines()[0][:200]}); "
+                          "give an existing hub id, a local folder, or synthetic:tiny offline") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # the tutorial's choice; labels still ignore padding
+    return tokenizer
+
+
+def load_model(cfg: RunConfig, device: str):
+    """The model of cfg.model in cfg's precision and quantization, with LoRA adapters when lora_r > 0."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    tokenizer = load_tokenizer(cfg)
+    dtype = getattr(torch, TORCH_DTYPES[cfg.dtype])
+    if cfg.lora_r == 0 and cfg.dtype == "fp16":
+        dtype = torch.float32  # fp16 AMP cannot unscale fp16 gradients: full fine-tuning keeps fp32 masters
+    kwargs: dict = {"dtype": dtype}
+    if cfg.quantization == "8bit":
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    elif cfg.quantization == "4bit":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype,
+            # ZeRO-3 partitions the packed 4-bit weights as tensors of this dtype; it must match the rest.
+            bnb_4bit_quant_storage=dtype)
+    if cfg.quantization != "none":
+        kwargs["device_map"] = {"": device}  # bitsandbytes quantizes while placing the weights
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), **kwargs)
+    except OSError as e:
+        raise ConfigError(f"model {cfg.model!r} could not be loaded ({str(e).splitlines()[0][:200]})") from None
+    model.config.use_cache = False
+    if cfg.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else cfg.lora_targets.split(",")
+        try:
+            model = get_peft_model(model, LoraConfig(
+                r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
+                bias="none", task_type="CAUSAL_LM"))
+        except ValueError as e:
+            raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({str(e)[:160]})") from None
+    return model, tokenizer
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts; 4-bit weights are counted at their unpacked size."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.quant_state.shape.numel() if getattr(p, "quant_state", None) else p.numel()
+                for p in model.parameters())
+    return trainable, total

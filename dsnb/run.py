@@ -1,0 +1,263 @@
+"""Running one variant: `train(cfg)` in this process, or `run_variant(cfg)` in a fresh child process.
+
+    result = run_variant(RunConfig(**OFFLINE, strategy="zero2", offload_optimizer="cpu"))
+    result["status"], result["metrics"]["peak_gpu_allocated_mb"]
+
+Each variant runs in its own process, so no run's memory is counted in another's. The parent opens the
+MLflow run, the child trains and logs into it, and the parent closes it FAILED/KILLED if the child dies.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import traceback
+
+from .config import ConfigError, RunConfig
+
+PROGRESS_ENV = "DSNB_PROGRESS"  # set by run_variant: the child prints step lines for the parent's bar
+STEP_PREFIX = "@@dsnb-step "
+
+
+def pick_device() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return "cpu"
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def check_environment(cfg: RunConfig, device: str) -> None:
+    """Checks that need this machine (GPU, files, disks); raise ConfigError before any model loads."""
+    import torch
+
+    if device == "cpu" and cfg.dtype == "fp16":
+        raise ConfigError("dtype fp16 needs a GPU and this machine has none; use dtype bf16 or fp32")
+    if device.startswith("cuda") and cfg.dtype == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"dtype bf16 is not supported on {torch.cuda.get_device_name(device)}; use fp16")
+    if cfg.dataset not in ("squad", "synthetic") and not os.path.isfile(cfg.dataset):
+        raise ConfigError(f"dataset file {cfg.dataset!r} does not exist; check the path or use dataset=synthetic")
+    if cfg.uses_nvme:
+        check_nvme_path(cfg.nvme_path)
+    if cfg.ds_config:
+        user_ds_config(cfg)
+    from .model import resolve_model
+
+    if not cfg.model.startswith("synthetic:"):
+        resolve_model(cfg.model)  # a missing local folder fails here; synthetic builds wait for the run
+
+
+def check_nvme_path(path: str) -> None:
+    if not os.path.isdir(path):
+        raise ConfigError(f"nvme_path {path!r} does not exist; create it on a fast local disk or set nvme_path")
+    try:
+        with tempfile.NamedTemporaryFile(dir=path):
+            pass
+    except OSError:
+        raise ConfigError(f"nvme_path {path!r} is not writable; pick a folder you can write to") from None
+
+
+def user_ds_config(cfg: RunConfig) -> dict:
+    from .zero import check_batch_sizes
+
+    if not os.path.isfile(cfg.ds_config):
+        raise ConfigError(f"ds_config {cfg.ds_config!r} does not exist; give a DeepSpeed JSON file or leave it empty")
+    try:
+        with open(cfg.ds_config) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"ds_config {cfg.ds_config} is not valid JSON ({e})") from None
+    check_batch_sizes(config, cfg, world_size())
+    return config
+
+
+def deepspeed_env(device: str) -> None:
+    """What DeepSpeed's launcher would set, for a single process started without it."""
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+
+
+def train(cfg: RunConfig, run_id: str | None = None) -> dict:
+    """Train cfg's variant in this process, log it to MLflow, return its metrics.
+
+    Raises ConfigError for what the user must change; any other failure is recorded as a FAILED run
+    (with the memory measured so far and the error as an artifact) and re-raised.
+    """
+    device = pick_device()
+    check_environment(cfg, device)
+    if cfg.zero_stage is not None:
+        deepspeed_env(device)
+    from . import tracking
+    from .metrics import PeakMemory
+
+    run_id = run_id or os.environ.get("MLFLOW_RUN_ID")
+    main = int(os.environ.get("RANK", 0)) == 0
+    # Under a multi-process launcher only rank 0 records the run.
+    with (tracking.tracked_run(cfg, run_id) if main else contextlib.nullcontext()) as run, PeakMemory(device) as mem:
+        try:
+            metrics = _train(cfg, device, mem, run is not None)
+        except BaseException as e:
+            if run is not None:
+                _record_failure(e, mem)
+            raise
+    return metrics
+
+
+def _record_failure(error: BaseException, mem) -> None:
+    import mlflow
+    import torch
+
+    mlflow.log_metrics(mem.summary())
+    oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+    mlflow.set_tags({"failure": "oom" if oom else type(error).__name__,
+                     "error": str(error).splitlines()[0][:500] if str(error) else type(error).__name__})
+    mlflow.log_text("".join(traceback.format_exception(error)), "error.txt")
+
+
+def _train(cfg: RunConfig, device: str, mem, log: bool) -> dict:
+    import mlflow
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from . import tracking
+    from .data import build_dataset, collator
+    from .metrics import StepTimer, flops_per_token, gputil_used_mb, peak_flops
+    from .model import count_parameters, load_model
+    from .zero import ds_config
+
+    index = int(device.split(":")[1]) if ":" in device else 0
+    gputil_before = gputil_used_mb(index)
+    model, tokenizer = load_model(cfg, device)
+    train_set = build_dataset(cfg, tokenizer)
+    trainable, total = count_parameters(model)
+    deepspeed = None
+    if cfg.zero_stage is not None:
+        deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size())
+    run_dir = os.path.join(cfg.output_dir, mlflow.active_run().info.run_id if log else "rank")
+    args = TrainingArguments(
+        output_dir=run_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
+        lr_scheduler_type="linear", warmup_steps=0, optim="adamw_torch", seed=cfg.seed, data_seed=cfg.seed,
+        fp16=cfg.dtype == "fp16", bf16=cfg.dtype == "bf16", use_cpu=device == "cpu",
+        logging_steps=cfg.logging_steps, logging_first_step=True, save_strategy="no", report_to="none",
+        deepspeed=deepspeed, ddp_backend="gloo" if device == "cpu" and deepspeed else None,
+        include_num_input_tokens_seen="non_padding", disable_tqdm=bool(os.environ.get(PROGRESS_ENV)),
+        dataloader_num_workers=0)
+    timer = StepTimer(device, cfg.warmup_steps)
+
+    class Callback(TrainerCallback):
+        """Times steps, logs the loss curve to MLflow and reports progress to a parent process."""
+
+        def on_train_begin(self, args, state, control, **kw):
+            timer.mark(0, 0)
+
+        def on_step_end(self, args, state, control, **kw):
+            timer.mark(state.global_step, state.num_input_tokens_seen)
+            if os.environ.get(PROGRESS_ENV):
+                print(f"{STEP_PREFIX}{state.global_step} {state.max_steps}", flush=True)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            curve = {k: float(v) for k, v in (logs or {}).items() if k in ("loss", "grad_norm", "learning_rate")}
+            if log and curve:
+                mlflow.log_metrics(curve, step=state.global_step)
+
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator(tokenizer),
+                      callbacks=[Callback()])
+    if log:
+        mlflow.log_params({"trainable_params": trainable, "total_params": total, "device": device,
+                           "mfu_convention": "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"})
+        tracking.log_json(tracking.environment(device), "environment.json")
+    result = trainer.train()
+    mem.sample()
+    samples_per_step = cfg.batch_size * cfg.grad_accum * world_size()
+    metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    metrics["train_runtime_sec"] = metrics["train_runtime"]
+    metrics["gpu_memory_used_mb"] = gputil_used_mb(index) - gputil_before
+    metrics.update(mem.summary())
+    metrics.update(timer.throughput(samples_per_step))
+    flops, source = peak_flops(device)
+    per_token = flops_per_token(model.config, trainable, full=cfg.lora_r == 0)
+    if "tokens_per_second" in metrics:
+        metrics["mfu"] = metrics["tokens_per_second"] * per_token / (flops * world_size())
+    metrics["real_tokens_per_sample"] = trainer.state.num_input_tokens_seen / max(1, timer.marks[-1][1] * samples_per_step)
+    if log:
+        mlflow.log_metrics(metrics)
+        mlflow.log_params({"peak_flops": f"{flops:.4g}", "peak_flops_source": source,
+                           "flops_per_token": f"{per_token:.4g}"})
+        if deepspeed is not None:
+            tracking.log_json(trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config, "deepspeed_config.json")
+    if cfg.save_model:
+        trainer.save_model(os.path.join(run_dir, "model"))
+        if log:
+            mlflow.log_artifacts(os.path.join(run_dir, "model"), "model")
+    if log:
+        shutil.rmtree(run_dir, ignore_errors=True)  # the artifacts now hold it; the store is the one copy
+    return metrics
+
+
+def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None) -> dict:
+    """Run cfg in a fresh Python process as one MLflow run; return {run_id, status, returncode, metrics}.
+
+    A child that fails or dies leaves a FAILED (or KILLED) run with its log attached; it never raises.
+    """
+    from mlflow import MlflowClient
+    from tqdm.auto import tqdm
+
+    from . import tracking
+
+    check_environment(cfg, pick_device())
+    run_id = tracking.create_run(cfg, tags)
+    name = cfg.run_name or cfg.derived_name()
+    with tempfile.TemporaryDirectory() as tmp:
+        config_file, log_file = os.path.join(tmp, "config.json"), os.path.join(tmp, "train.log")
+        with open(config_file, "w") as f:
+            json.dump(cfg.to_dict(), f)
+        env = {**os.environ, "MLFLOW_RUN_ID": run_id, PROGRESS_ENV: "1", "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, "-m", "dsnb", "run", "-f", config_file]
+        bar = tqdm(desc=name, unit="step", disable=not progress, leave=True)
+        with open(log_file, "w") as log, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                          env=env, text=True) as child:
+            try:
+                for line in child.stdout:
+                    if line.startswith(STEP_PREFIX):
+                        step, total = map(int, line[len(STEP_PREFIX):].split())
+                        bar.total = total
+                        bar.update(step - bar.n)
+                    else:
+                        log.write(line)
+                child.wait()
+            except KeyboardInterrupt:
+                child.kill()
+                child.wait()
+                tracking.finish(run_id, cfg.tracking_uri, "KILLED")
+                raise
+            finally:
+                bar.close()
+        client = MlflowClient(cfg.tracking_uri)
+        client.log_artifact(run_id, log_file)
+        if child.returncode != 0:
+            tracking.finish(run_id, cfg.tracking_uri, "FAILED" if child.returncode > 0 else "KILLED")
+            if progress:
+                print(f"{name}: failed (exit {child.returncode}); last lines of its log:\n" + _tail(log_file))
+    run = client.get_run(run_id)
+    return {"run_id": run_id, "name": name, "status": run.info.status, "returncode": child.returncode,
+            "metrics": dict(run.data.metrics)}
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    with open(path) as f:
+        return "".join(f.readlines()[-lines:])

@@ -1,0 +1,147 @@
+"""MLflow tracking: a SQLite store in the working directory, one run per variant, nothing lost.
+
+    run_id = create_run(cfg)              # the parent process opens the run (RUNNING) ...
+    with tracked_run(cfg, run_id):        # ... the variant's own process logs into it, FAILED on error
+        ...
+    export_store("sqlite:///mlflow.db", "dsnb_mlflow.zip")
+    ui_command("sqlite:///mlflow.db")     # mlflow ui bound to 127.0.0.1
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import sqlite3
+import sys
+import tempfile
+import zipfile
+from importlib import metadata
+
+from .config import RunConfig
+
+ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
+PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "datasets", "mlflow",
+            "mlflow-skinny", "tokenizers", "GPUtil", "nvidia-ml-py", "papermill", "dsnb")
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+def sqlite_path(uri: str) -> str | None:
+    """The database file of a sqlite:/// URI, else None."""
+    return uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+
+
+def experiment_id(cfg: RunConfig) -> str:
+    """Point MLflow at cfg's store and return cfg.experiment's id, creating it beside the database."""
+    import mlflow
+
+    mlflow.set_tracking_uri(cfg.tracking_uri)
+    exp = mlflow.get_experiment_by_name(cfg.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    db = sqlite_path(cfg.tracking_uri)
+    location = None
+    if db is not None:
+        location = os.path.join(os.path.dirname(os.path.abspath(db)), ARTIFACT_DIR)
+    try:
+        return mlflow.create_experiment(cfg.experiment, artifact_location=location)
+    except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent sweep
+        return mlflow.get_experiment_by_name(cfg.experiment).experiment_id
+
+
+def create_run(cfg: RunConfig, tags: dict | None = None) -> str:
+    """Open a RUNNING run named for cfg with the whole config as params; return its id."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(cfg.tracking_uri)
+    run = client.create_run(experiment_id(cfg), run_name=cfg.run_name or cfg.derived_name(), tags=tags or {})
+    client.log_batch(run.info.run_id, params=[_param(k, v) for k, v in cfg.to_dict().items()])
+    return run.info.run_id
+
+
+def _param(key, value):
+    from mlflow.entities import Param
+
+    return Param(key, str(value))
+
+
+@contextlib.contextmanager
+def tracked_run(cfg: RunConfig, run_id: str | None = None):
+    """The active MLflow run for this process (resumed by id, else new); FAILED if the block raises."""
+    import mlflow
+
+    run_id = run_id or create_run(cfg)
+    experiment_id(cfg)
+    with mlflow.start_run(run_id=run_id) as run:  # start_run ends it FAILED when the block raises
+        yield run
+
+
+def finish(run_id: str, tracking_uri: str, status: str) -> None:
+    """Mark a run ended (FINISHED, FAILED or KILLED) if its process could not."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_terminated(run_id, status=status)
+
+
+def log_json(obj, name: str) -> None:
+    """Log a JSON-serialisable object as an artifact of the active run."""
+    import mlflow
+
+    mlflow.log_text(json.dumps(obj, indent=2, default=str), name)
+
+
+def environment(device: str) -> dict:
+    """Package versions and the machine (GPU/CPU) a run used; no environment variables."""
+    import torch
+
+    env = {"python": sys.version.split()[0], "platform": platform.platform(), "processor": platform.processor(),
+           "cpu_count": os.cpu_count(), "device": device, "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+           "packages": {}}
+    for name in PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            env["packages"][name] = metadata.version(name)
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, gpu_memory_mb=props.total_memory // 2**20, cuda=torch.version.cuda,
+                   gpu_count=torch.cuda.device_count())
+    return env
+
+
+def export_store(tracking_uri: str, dest: str) -> str:
+    """Zip a SQLite store and its artifacts into `dest`, refusing to overwrite an existing file.
+
+    Artifact locations are rewritten to paths relative to the store's folder in the zipped copy, so
+    `mlflow ui` started in the unzipped folder finds every artifact on another machine.
+    """
+    db = sqlite_path(tracking_uri)
+    if db is None or not os.path.isfile(db):
+        raise FileNotFoundError(f"no SQLite store at {tracking_uri}; export works on sqlite:/// stores")
+    if os.path.exists(dest):
+        raise FileExistsError(f"{dest} already exists; give another file name or move it away")
+    root = os.path.dirname(os.path.abspath(db))
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "mlflow.db")
+        with sqlite3.connect(db) as src, sqlite3.connect(copy) as out:
+            src.backup(out)
+            prefixes = (f"file://{root}/", f"{root}/")
+            for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+                for prefix in prefixes:
+                    out.execute(f"UPDATE {table} SET {column} = substr({column}, ?) WHERE {column} LIKE ?",
+                                (len(prefix) + 1, prefix + "%"))
+        out.close()
+        with zipfile.ZipFile(dest + ".partial", "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.write(copy, "mlflow.db")
+            artifacts = os.path.join(root, ARTIFACT_DIR)
+            for folder, _, files in os.walk(artifacts):
+                for name in files:
+                    path = os.path.join(folder, name)
+                    zf.write(path, os.path.relpath(path, root))
+    os.replace(dest + ".partial", dest)
+    return dest
+
+
+def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The command that opens the MLflow UI on this machine only (no auth: keep it off the network)."""
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host {host} --port {port}"

@@ -1,0 +1,72 @@
+"""DeepSpeed configs as pure functions of a RunConfig (no I/O), checked against golden JSON files.
+
+    zero_section(2, offload_optimizer="cpu")   # {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    ds_config(cfg, world_size=1)               # the whole config handed to TrainingArguments(deepspeed=...)
+
+Values the HF Trainer owns (learning rate, betas, clipping) stay "auto" here; the Trainer fills them
+in at run time and dsnb logs that resolved config with the run.
+"""
+from __future__ import annotations
+
+from .config import RunConfig
+
+
+def zero_section(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
+                 nvme_path: str = "/local_nvme") -> dict:
+    """The minimal `zero_optimization` block, as the tutorial writes it."""
+    zero: dict = {"stage": stage}
+    for key, device in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
+        if device != "none":
+            zero[key] = {"device": device, **({"nvme_path": nvme_path} if device == "nvme" else {})}
+    return {"zero_optimization": zero}
+
+
+def ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
+    """The full DeepSpeed config for a ZeRO variant of `cfg` on `world_size` devices."""
+    stage = cfg.zero_stage
+    if stage is None:
+        raise ValueError("the baseline strategy runs without DeepSpeed; it has no DeepSpeed config")
+    zero = zero_section(stage, cfg.offload_optimizer, cfg.offload_param, cfg.nvme_path)["zero_optimization"]
+    if stage >= 1:
+        # The tutorial's choice: gradients copied into one contiguous buffer as they are reduced.
+        zero["contiguous_gradients"] = True
+    if stage >= 2:
+        zero["overlap_comm"] = True
+    if stage == 3:
+        # Saving the trained model needs the partitioned weights gathered back into one state dict.
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    config = {
+        "train_batch_size": cfg.batch_size * cfg.grad_accum * world_size,
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "gradient_clipping": "auto",
+        "fp16": {"enabled": cfg.dtype == "fp16"},
+        "bf16": {"enabled": cfg.dtype == "bf16"},
+        "zero_optimization": zero,
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.offload_optimizer != "none":
+        # Offloaded state needs DeepSpeed's own (CPU) Adam; a client torch optimizer is refused.
+        config["optimizer"] = {"type": "AdamW", "params": {
+            "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+    if cfg.uses_nvme:
+        # ZeRO-Infinity swaps through libaio; these are DeepSpeed's documented defaults, made explicit.
+        config["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+                         "single_submit": False, "overlap_events": True}
+    return config
+
+
+def check_batch_sizes(config: dict, cfg: RunConfig, world_size: int = 1) -> None:
+    """Raise a ConfigError when a user-supplied DeepSpeed config disagrees with the run's batch sizes."""
+    from .config import ConfigError
+
+    want = {"train_micro_batch_size_per_gpu": cfg.batch_size,
+            "gradient_accumulation_steps": cfg.grad_accum,
+            "train_batch_size": cfg.batch_size * cfg.grad_accum * world_size}
+    for key, value in want.items():
+        got = config.get(key, "auto")
+        if got != "auto" and got != value:
+            raise ConfigError(
+                f"ds_config {key} is {got} but batch_size={cfg.batch_size}, grad_accum={cfg.grad_accum} "
+                f"on {world_size} device(s) give {value}; set it to {value} or \"auto\"")
