@@ -44,8 +44,11 @@ class PeakMemory:
             pynvml.nvmlInit()
             index = torch.device(self.device).index or 0
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            # Device-wide use before this run touched the GPU; the run's share is the rise above it.
+            # Device-wide use before this run touched the GPU; the run's share (its context included)
+            # is the rise above it.
             self.nvml_start = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
+            torch.cuda.set_device(index)
+            torch.zeros(1, device=self.device)  # the context and allocator exist from here on
             torch.cuda.reset_peak_memory_stats(index)
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()

@@ -40,7 +40,7 @@ def compare_table(tracking_uri: str, run_ids: list[str]):
 def format_table(table) -> str:
     def fmt(value):
         if isinstance(value, float):
-            return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
+            return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
         return "" if value is None else str(value)
 
     return table.map(fmt).to_string()

@@ -1,0 +1,66 @@
+import pytest
+
+from dsnb.config import OFFLINE, ConfigError, RunConfig, field_docs, field_names
+
+
+def test_defaults_are_the_tutorials():
+    cfg = RunConfig()
+    assert (cfg.model, cfg.quantization, cfg.dtype) == ("Bllossom/llama-3.2-Korean-Bllossom-3B", "8bit", "fp16")
+    assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets) == (16, 16, 0.05, "q_proj,v_proj")
+    assert (cfg.batch_size, cfg.grad_accum, cfg.learning_rate, cfg.epochs) == (2, 4, 2e-4, 5.0)
+    assert (cfg.num_samples, cfg.max_length, cfg.padding) == (1000, 512, "max_length")
+    assert (cfg.experiment, cfg.tracking_uri) == ("DeepSpeed_Comparison", "sqlite:///mlflow.db")
+
+
+def test_every_field_is_documented():
+    assert set(field_docs()) == set(field_names())
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(strategy="zero4"), "strategy"),
+    (dict(offload_optimizer="disk"), "offload_optimizer"),
+    (dict(strategy="baseline", offload_optimizer="cpu"), "strategy"),
+    (dict(strategy="zero0", offload_optimizer="cpu"), "offload_optimizer"),
+    (dict(strategy="zero2", offload_param="cpu"), "offload_param"),
+    (dict(strategy="zero2", offload_optimizer="nvme"), "offload_optimizer"),
+    (dict(strategy="zero3", quantization="8bit"), "quantization"),
+    (dict(lora_r=0, quantization="4bit"), "quantization"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(grad_accum=-1), "grad_accum"),
+    (dict(learning_rate=0), "learning_rate"),
+    (dict(num_samples="many"), "num_samples"),
+    (dict(lora_dropout=1.5), "lora_dropout"),
+    (dict(max_length=2.5), "max_length"),
+    (dict(save_model="maybe"), "save_model"),
+    (dict(batch_size=True), "batch_size"),
+])
+def test_rejected_combinations_name_the_field(changes, field):
+    with pytest.raises(ConfigError) as err:
+        RunConfig(**changes)
+    assert str(err.value).startswith(field), str(err.value)
+
+
+def test_strings_from_the_command_line_are_coerced():
+    cfg = RunConfig(batch_size="8", learning_rate="1e-4", save_model="false", epochs="2")
+    assert (cfg.batch_size, cfg.learning_rate, cfg.save_model, cfg.epochs) == (8, 1e-4, False, 2.0)
+
+
+def test_yaml_unknown_key_and_wrong_type(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("strategy: zero2\nbatchsize: 4\n")
+    with pytest.raises(ConfigError, match="batchsize is not a run-config field"):
+        RunConfig.from_yaml(str(bad))
+    bad.write_text("batch_size: [1, 2]\n")
+    with pytest.raises(ConfigError, match="batch_size"):
+        RunConfig.from_yaml(str(bad))
+    good = tmp_path / "good.yaml"
+    good.write_text("strategy: zero3\noffload_param: cpu\nquantization: none\n")
+    assert RunConfig.from_yaml(str(good), lora_r=0).zero_stage == 3
+
+
+def test_offline_preset_is_valid_and_derived_names_differ():
+    cfg = RunConfig(**OFFLINE)
+    names = {cfg.replace(**c).derived_name() for c in (
+        {}, dict(strategy="zero2", offload_optimizer="cpu"), dict(strategy="zero3", offload_param="cpu",
+                                                                   quantization="4bit"))}
+    assert len(names) == 3

@@ -1,0 +1,79 @@
+"""The DeepSpeed config builder against golden JSON files (UPDATE_GOLDEN=1 rewrites them after a deliberate change)."""
+import json
+import os
+import pathlib
+
+import pytest
+
+from dsnb.config import ConfigError, RunConfig
+from dsnb.zero import check_batch_sizes, ds_config, zero_section
+
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+
+# The tutorial's four snippets, verbatim.
+TUTORIAL_SNIPPETS = {
+    "snippet1_zero1": ((1,), {"zero_optimization": {"stage": 1}}),
+    "snippet2_zero2_offload_cpu": ((2, "cpu"), {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}),
+    "snippet3_zero3_param_nvme": ((3, "none", "nvme", "/local_nvme"), {"zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}}),
+    "snippet4_zero3_opt_cpu_param_nvme": ((3, "cpu", "nvme", "/local_nvme"), {"zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}}),
+}
+
+VARIANTS = {
+    "tutorial_zero2_offload_cpu": dict(strategy="zero2", offload_optimizer="cpu"),
+    "zero0": dict(strategy="zero0"),
+    "zero1": dict(strategy="zero1"),
+    "zero1_offload_cpu": dict(strategy="zero1", offload_optimizer="cpu"),
+    "zero2": dict(strategy="zero2", dtype="bf16"),
+    "zero3": dict(strategy="zero3", quantization="none", lora_r=0, dtype="bf16"),
+    "zero3_param_cpu": dict(strategy="zero3", offload_param="cpu", quantization="4bit", dtype="bf16"),
+    "zero3_opt_cpu_param_cpu": dict(strategy="zero3", offload_optimizer="cpu", offload_param="cpu", quantization="none"),
+    "zero3_opt_nvme_param_nvme": dict(strategy="zero3", offload_optimizer="nvme", offload_param="nvme",
+                                      quantization="none", nvme_path="/mnt/nvme"),
+    "zero3_opt_cpu_param_nvme_2gpu": dict(strategy="zero3", offload_optimizer="cpu", offload_param="nvme",
+                                          quantization="none", world_size=2),
+}
+
+
+def golden(name, value):
+    path = GOLDEN / f"{name}.json"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(json.dumps(value, indent=2) + "\n")
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("name", TUTORIAL_SNIPPETS)
+def test_tutorial_snippets_exactly(name):
+    args, expected = TUTORIAL_SNIPPETS[name]
+    built = zero_section(*args)
+    assert built == expected == golden(name, built)
+    assert json.dumps(built) == json.dumps(expected)  # same keys in the same order as the tutorial wrote them
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_full_configs_match_golden(name):
+    changes = dict(VARIANTS[name])
+    world = changes.pop("world_size", 1)
+    built = ds_config(RunConfig(**changes), world)
+    assert built == golden(name, built)
+    assert built["train_batch_size"] == built["train_micro_batch_size_per_gpu"] * built["gradient_accumulation_steps"] * world
+
+
+def test_tutorial_config_has_its_settings():
+    built = ds_config(RunConfig(strategy="zero2", offload_optimizer="cpu"))
+    zero = built["zero_optimization"]
+    assert zero["stage"] == 2 and zero["offload_optimizer"] == {"device": "cpu"} and zero["contiguous_gradients"]
+    assert built["fp16"]["enabled"] and built["train_batch_size"] == 8 and built["gradient_accumulation_steps"] == 4
+
+
+def test_baseline_has_no_deepspeed_config():
+    with pytest.raises(ValueError):
+        ds_config(RunConfig())
+
+
+def test_batch_size_mismatch_in_a_user_config():
+    cfg = RunConfig(strategy="zero2")
+    check_batch_sizes({"train_batch_size": 8, "gradient_accumulation_steps": "auto"}, cfg)
+    with pytest.raises(ConfigError, match="train_batch_size is 8 .* give 16; set it to 16"):
+        check_batch_sizes({"train_batch_size": 8}, cfg, world_size=2)
