@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import yaml
 
@@ -209,7 +209,7 @@ def read_yaml(path: str) -> dict:
         with open(path) as f:
             values = yaml.safe_load(f) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{path} is not valid YAML: {describe(e)}") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path} must hold field: value pairs, not a {type(values).__name__}")
     return values
@@ -234,6 +234,12 @@ def field_docs() -> dict[str, str]:
 
 def offline_requested() -> bool:
     return os.environ.get(OFFLINE_ENV, "").lower() in ("1", "true", "yes")
+
+
+def describe(error: BaseException, limit: int = 200) -> str:
+    """An exception's type and first line, for one-line messages."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__
 
 
 def fail(name: str, message: str):

@@ -10,7 +10,7 @@ import json
 import os
 import random
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, describe
 
 PROMPT = "질문: {question}\n답변: {answer}"
 NO_ANSWER = "정답 없음"
@@ -32,8 +32,7 @@ def hub_squad(n: int) -> list[dict]:
     try:
         rows = datasets.load_dataset("squad", split=f"train[:{n}]")
     except Exception as e:  # offline, blocked or renamed: all end the same way for the user
-        raise ConfigError(f"dataset 'squad' could not be loaded from the hub ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:160]}); use dataset=synthetic or a local file") from None
+        raise ConfigError(f"dataset 'squad' could not be loaded from the hub ({describe(e)}); use dataset=synthetic or a local file") from None
     return [dict(r) for r in rows]
 
 
@@ -49,7 +48,7 @@ def file_records(path: str, n: int) -> list[dict]:
     try:
         rows = datasets.load_dataset(kind, data_files=path, split="train")
     except Exception as e:
-        raise ConfigError(f"dataset file {path} could not be read as {kind} ({str(e).splitlines()[0][:160]})") from None
+        raise ConfigError(f"dataset file {path} could not be read as {kind} ({describe(e)})") from None
     if len(rows) == 0:
         raise ConfigError(f"dataset file {path} holds no rows")
     missing = [c for c in ("question",) if c not in rows.column_names]

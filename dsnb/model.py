@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, describe
 
 # Llama shapes: hidden, layers, heads, kv heads, MLP width, vocab, tied embeddings.
 SHAPES = {
@@ -108,7 +108,7 @@ def load_tokenizer(cfg: RunConfig):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
-        raise ConfigError(f"model {cfg.model!r} could not be loaded ({str(e).splitlines()[0][:200]}); "
+        raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)}); "
                           "give an existing hub id, a local folder, or synthetic:tiny offline") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # the tutorial's choice; labels still ignore padding
@@ -138,7 +138,7 @@ def load_model(cfg: RunConfig, device: str):
     try:
         model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), **kwargs)
     except OSError as e:
-        raise ConfigError(f"model {cfg.model!r} could not be loaded ({str(e).splitlines()[0][:200]})") from None
+        raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)})") from None
     model.config.use_cache = False
     if cfg.lora_r > 0:
         from peft import LoraConfig, get_peft_model
@@ -149,7 +149,7 @@ def load_model(cfg: RunConfig, device: str):
                 r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
                 bias="none", task_type="CAUSAL_LM"))
         except ValueError as e:
-            raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({str(e)[:160]})") from None
+            raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({describe(e)})") from None
     return model, tokenizer
 
 

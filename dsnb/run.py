@@ -18,7 +18,7 @@ import sys
 import tempfile
 import traceback
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, describe
 
 PROGRESS_ENV = "DSNB_PROGRESS"  # set by run_variant: the child prints step lines for the parent's bar
 STEP_PREFIX = "@@dsnb-step "
@@ -125,7 +125,7 @@ def _record_failure(error: BaseException, mem) -> None:
     mlflow.log_metrics(mem.summary())
     oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
     mlflow.set_tags({"failure": "oom" if oom else type(error).__name__,
-                     "error": str(error).splitlines()[0][:500] if str(error) else type(error).__name__})
+                     "error": describe(error, 500)})
     mlflow.log_text("".join(traceback.format_exception(error)), "error.txt")
 
 

@@ -1,0 +1,83 @@
+"""The README's main job and the CLI's contract, run as a user runs them (real processes, real MLflow store)."""
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import mlflow
+import pytest
+
+from dsnb.model import resolve_model
+from dsnb.report import METRICS
+
+pytestmark = pytest.mark.integration
+
+
+def dsnb(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "dsnb", *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+def test_offline_compare_end_to_end(workdir):
+    done = dsnb("compare", "--offline", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Without_DeepSpeed" in done.stdout and "With_DeepSpeed" in done.stdout
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    exp = client.get_experiment_by_name("DeepSpeed_Comparison")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"Without_DeepSpeed", "With_DeepSpeed"}
+    for name, run in runs.items():
+        assert run.info.status == "FINISHED"
+        missing = [m for m in METRICS + ["train_steps_per_second"] if m not in run.data.metrics]
+        assert not missing, (name, missing)
+        assert run.data.metrics["tokens_per_second"] > 0 and run.data.metrics["peak_cpu_rss_mb"] > 100
+        assert len(client.get_metric_history(run.info.run_id, "loss")) >= 4  # the loss curve, per logging step
+        assert run.data.params["model"] == "synthetic:tiny" and "seed" in run.data.params
+        assert (workdir / "mlartifacts").is_dir() and not (workdir / "mlruns").exists()
+    assert runs["With_DeepSpeed"].data.params["strategy"] == "zero2"
+    assert runs["With_DeepSpeed"].data.params["offload_optimizer"] == "cpu"
+
+    done = dsnb("export", "-o", "out.zip", cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    names = zipfile.ZipFile(workdir / "out.zip").namelist()
+    assert "mlflow.db" in names and any(n.endswith("environment.json") for n in names)
+    again = dsnb("export", "-o", "out.zip", cwd=workdir)
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--strategy", "zero2", "--offload_param", "cpu"], "offload_param needs strategy zero3"),
+    (["--dtype", "fp16"], "dtype fp16 needs a GPU"),
+    (["--strategy", "zero3", "--quantization", "8bit"], "quantization 8bit cannot be partitioned"),
+    (["--batch_size", "0"], "batch_size is 0"),
+    (["--strategy", "zero3", "--quantization", "none", "--offload_param", "nvme", "--nvme_path", "/no/such"],
+     "nvme_path '/no/such' does not exist"),
+    (["--dataset", "missing.jsonl"], "dataset file 'missing.jsonl' does not exist"),
+    (["--model", "synthetic:huge"], "synthetic shapes are"),
+])
+def test_invalid_configuration_exits_2_with_one_line(workdir, flags, message):
+    done = dsnb("run", "--offline", *flags, cwd=workdir)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()[-1]) < 300
+
+
+def test_unknown_flag_and_unknown_yaml_key_exit_2(workdir):
+    assert dsnb("run", "--offline", "--batchsize", "3", cwd=workdir).returncode == 2
+    (workdir / "v.yaml").write_text("strategy: zero1\nlearning_rat: 1\n")
+    done = dsnb("run", "-f", "v.yaml", cwd=workdir)
+    assert done.returncode == 2 and "learning_rat is not a run-config field" in done.stderr
+
+
+def test_a_run_that_breaks_exits_1_and_is_recorded_failed(workdir):
+    model = workdir / "broken-model"
+    shutil.copytree(resolve_model("synthetic:tiny"), model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])  # a download cut short
+    done = dsnb("run", "--offline", "--model", str(model), "--run_name", "broken", cwd=workdir)
+    assert done.returncode == 1, done.stderr[-2000:]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert run.info.status == "FAILED" and run.info.run_name == "broken"
+    assert "peak_cpu_rss_mb" in run.data.metrics and run.data.tags["failure"]
+    assert "error.txt" in {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -1,0 +1,46 @@
+import pytest
+import torch
+
+from dsnb.config import OFFLINE, ConfigError, RunConfig
+from dsnb.metrics import flops_per_token, matmul_params
+from dsnb.model import SHAPES, count_parameters, load_model
+
+
+@pytest.mark.parametrize("quantization", ["none", "8bit", "4bit"])
+def test_tiny_loads_quantized_with_lora_and_trains_a_step(quantization):
+    cfg = RunConfig(**dict(OFFLINE, quantization=quantization))
+    model, tokenizer = load_model(cfg, "cpu")
+    trainable, total = count_parameters(model)
+    assert 0 < trainable < total / 3
+    assert all("lora" in n for n, p in model.named_parameters() if p.requires_grad)
+    if quantization != "none":
+        assert getattr(model.base_model.model, f"is_loaded_in_{quantization}")
+    batch = tokenizer(["질문: a?\n답변: b"], return_tensors="pt")
+    loss = model(**batch, labels=batch["input_ids"]).loss
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert torch.isfinite(loss) and any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_full_fine_tuning_trains_every_weight():
+    model, _ = load_model(RunConfig(**dict(OFFLINE, quantization="none", lora_r=0)), "cpu")
+    trainable, total = count_parameters(model)
+    assert trainable == total
+
+
+def test_synthetic_shapes_match_the_real_models():
+    # Llama 3.2 3B has 3.21e9 parameters with tied embeddings: N (matmul weights) counts the LM head once.
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(**SHAPES["llama-3.2-3b"], head_dim=128)
+    assert matmul_params(cfg) == pytest.approx(3.21e9, rel=0.01)
+    assert flops_per_token(cfg, trainable=0, full=False) == pytest.approx(4 * 3.21e9, rel=0.01)
+    cfg8 = LlamaConfig(**SHAPES["llama-3.1-8b"], head_dim=128)
+    assert matmul_params(cfg8) + 4096 * 128256 == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_unknown_models_say_what_to_give():
+    with pytest.raises(ConfigError, match="synthetic shapes are"):
+        load_model(RunConfig(**dict(OFFLINE, model="synthetic:gpt5")), "cpu")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_model(RunConfig(**dict(OFFLINE, model="./no/such/folder")), "cpu")
