@@ -2,6 +2,7 @@
 
     python -m dsnb run --offline --strategy zero3 --offload_param cpu    # one variant, one MLflow run
     python -m dsnb compare --offline                                     # the tutorial's pair, then a table
+    python -m dsnb sweep -f variants/sweep_zero_stages.yaml --offline    # papermill, one kernel per variant
     python -m dsnb export -o dsnb_mlflow.zip                             # the store in one zip
     python -m dsnb ui                                                    # how to open MLflow's UI locally
 
@@ -10,6 +11,7 @@ Exit codes: 0 success; 1 a run failed (recorded as a FAILED MLflow run); 2 inval
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .config import OFFLINE, OFFLINE_ENV, ConfigError, RunConfig, field_docs, field_names, offline_requested, read_yaml
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
     sub.add_parser("compare", parents=[common], help="run the tutorial's pair and print the table")
+    sub.add_parser("sweep", parents=[common], help="execute a notebook per variant of a sweep file (-f); "
+                   "field flags override every variant")
     export = sub.add_parser("export", help="zip the MLflow store for download")
     export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
@@ -91,6 +95,21 @@ def cmd_compare(args) -> int:
     return 0 if all(r["status"] == "FINISHED" for r in results) else 1
 
 
+def cmd_sweep(args) -> int:
+    from .report import compare_table, format_table
+    from .sweep import run_sweep
+    from .tracking import ui_command
+
+    if not args.file:
+        raise ConfigError("sweep needs -f <sweep.yaml>, for example variants/sweep_zero_stages.yaml")
+    overrides = {k: v for k, v in vars(args).items() if k in field_names()}
+    results = run_sweep(args.file, offline=args.offline or offline_requested(), overrides=overrides)
+    uri = results[0]["tracking_uri"]
+    print(format_table(compare_table(uri, results)))
+    print(f"\nExecuted notebooks: {os.path.dirname(results[0]['notebook'])}; runs: {ui_command(uri)}")
+    return 0 if all(r["status"] == "FINISHED" for r in results) else 1
+
+
 def cmd_export(args) -> int:
     from .tracking import export_store, ui_command
 
@@ -110,4 +129,4 @@ def cmd_ui(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_compare, "export": cmd_export, "ui": cmd_ui}
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "export": cmd_export, "ui": cmd_ui}

@@ -68,7 +68,7 @@ class RunConfig:
     padding: str = "max_length"
     """max_length pads every sample to max_length; longest pads each batch to its longest sample."""
     max_length: int = 512
-    """Truncation length in tokens (and the padded length with padding=max_length)."""
+    """Truncation length in tokens (also the padded length when padding is max_length)."""
     batch_size: int = 2
     """Micro-batch per device."""
     grad_accum: int = 4
@@ -83,6 +83,8 @@ class RunConfig:
     """Optimizer steps between loss records."""
     warmup_steps: int = 1
     """Steps left out of the steady-state throughput (the first steps pay for start-up)."""
+    memory_budget_gb: float = 0.0
+    """Cap on this run's GPU memory in GB (15 for a T4, 22 for an L4); 0 means the whole GPU."""
     seed: int = 42
     """Seed for model init, data order and dropout."""
     tracking_uri: str = "sqlite:///mlflow.db"
@@ -110,6 +112,8 @@ class RunConfig:
         for name in ("lora_r", "max_steps", "warmup_steps"):
             if getattr(self, name) < 0:
                 fail(name, f"is {getattr(self, name)}; it must be 0 or more")
+        if self.memory_budget_gb < 0:
+            fail("memory_budget_gb", f"is {self.memory_budget_gb}; use 0 (no cap) or a size in GB")
         if self.learning_rate <= 0 or self.epochs <= 0:
             fail("learning_rate" if self.learning_rate <= 0 else "epochs", "must be positive")
         if not 0 <= self.lora_dropout < 1:
@@ -230,6 +234,24 @@ def field_docs() -> dict[str, str]:
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
             docs[node.target.id] = nxt.value.value
     return docs
+
+
+def from_notebook(namespace: dict) -> RunConfig:
+    """A RunConfig from a notebook's parameters (the fields found in `namespace`).
+
+    The parameters cell holds the defaults; a value that differs from its default was set on purpose
+    (by hand or by papermill) and wins over the offline default that DSNB_OFFLINE=1 applies.
+    """
+    defaults = RunConfig().to_dict()
+    explicit = {k: namespace[k] for k in field_names() if k in namespace and namespace[k] != defaults[k]}
+    offline = offline_requested()
+    cfg = RunConfig.from_dict({**(OFFLINE if offline else {}), **explicit})
+    from .run import check_environment, pick_device
+
+    check_environment(cfg, pick_device())  # a bad parameter fails here, in the notebook's first dsnb cell
+    source = f"{OFFLINE_ENV}=1: the offline default" if offline else f"{OFFLINE_ENV} unset: the tutorial's defaults"
+    print(f"{source}; model {cfg.model}, dataset {cfg.dataset}, {cfg.derived_name()}")
+    return cfg
 
 
 def offline_requested() -> bool:

@@ -22,6 +22,7 @@ from .config import ConfigError, RunConfig, describe
 
 PROGRESS_ENV = "DSNB_PROGRESS"  # set by run_variant: the child prints step lines for the parent's bar
 STEP_PREFIX = "@@dsnb-step "
+SWEEP_RUN_ENV = "DSNB_SWEEP_RUN_ID"
 
 
 def pick_device() -> str:
@@ -41,9 +42,17 @@ def check_environment(cfg: RunConfig, device: str) -> None:
     import torch
 
     if device == "cpu" and cfg.dtype == "fp16":
-        raise ConfigError("dtype fp16 needs a GPU and this machine has none; use dtype bf16 or fp32")
+        raise ConfigError("dtype fp16 needs a GPU and this machine has none; use dtype bf16 or fp32 "
+                          "(or DSNB_OFFLINE=1 for the offline default)")
     if device.startswith("cuda") and cfg.dtype == "bf16" and not torch.cuda.is_bf16_supported():
         raise ConfigError(f"dtype bf16 is not supported on {torch.cuda.get_device_name(device)}; use fp16")
+    if cfg.memory_budget_gb:
+        if device == "cpu":
+            raise ConfigError("memory_budget_gb caps GPU memory and this machine has no GPU; set it to 0")
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        if cfg.memory_budget_gb > total:
+            raise ConfigError(f"memory_budget_gb is {cfg.memory_budget_gb} but {torch.cuda.get_device_name(device)} "
+                              f"has {total:.1f} GB; set at most {total:.0f}")
     if cfg.dataset not in ("squad", "synthetic") and not os.path.isfile(cfg.dataset):
         raise ConfigError(f"dataset file {cfg.dataset!r} does not exist; check the path or use dataset=synthetic")
     if cfg.uses_nvme:
@@ -140,6 +149,13 @@ def _train(cfg: RunConfig, device: str, mem, log: bool) -> dict:
     from .zero import ds_config
 
     index = int(device.split(":")[1]) if ":" in device else 0
+    if cfg.memory_budget_gb:
+        import torch
+
+        # The allocator refuses to grow past the budget, so a run that needs more ends in an OOM error,
+        # as it would on the smaller GPU (the CUDA context, ~0.5 GB, sits outside the cap).
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(cfg.memory_budget_gb * 2**30 / total, index)
     gputil_before = gputil_used_mb(index)
     model, tokenizer = load_model(cfg, device)
     train_set = build_dataset(cfg, tokenizer)
@@ -220,7 +236,8 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None)
     from . import tracking
 
     check_environment(cfg, pick_device())
-    run_id = tracking.create_run(cfg, tags)
+    # A sweep opens the run before it starts the notebook that calls this; then log into that run.
+    run_id = tracking.create_run(cfg, tags, os.environ.pop(SWEEP_RUN_ENV, None))
     name = cfg.run_name or cfg.derived_name()
     with tempfile.TemporaryDirectory() as tmp:
         config_file, log_file = os.path.join(tmp, "config.json"), os.path.join(tmp, "train.log")

@@ -49,20 +49,17 @@ def experiment_id(cfg: RunConfig) -> str:
         return mlflow.get_experiment_by_name(cfg.experiment).experiment_id
 
 
-def create_run(cfg: RunConfig, tags: dict | None = None) -> str:
-    """Open a RUNNING run named for cfg with the whole config as params; return its id."""
+def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = None) -> str:
+    """Open a RUNNING run named for cfg (or take the open run `run_id`), log the whole config as params."""
     from mlflow import MlflowClient
+    from mlflow.entities import Param, RunTag
 
     client = MlflowClient(cfg.tracking_uri)
-    run = client.create_run(experiment_id(cfg), run_name=cfg.run_name or cfg.derived_name(), tags=tags or {})
-    client.log_batch(run.info.run_id, params=[_param(k, v) for k, v in cfg.to_dict().items()])
-    return run.info.run_id
-
-
-def _param(key, value):
-    from mlflow.entities import Param
-
-    return Param(key, str(value))
+    if run_id is None:
+        run_id = client.create_run(experiment_id(cfg), run_name=cfg.run_name or cfg.derived_name()).info.run_id
+    client.log_batch(run_id, params=[Param(k, str(v)) for k, v in cfg.to_dict().items()],
+                     tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+    return run_id
 
 
 @contextlib.contextmanager

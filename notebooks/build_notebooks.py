@@ -1,0 +1,170 @@
+"""Write the notebooks' cells from one place, so every parameters cell lists RunConfig's fields and defaults.
+
+    python notebooks/build_notebooks.py          # rewrite the three notebooks (outputs cleared)
+    DSNB_OFFLINE=1 python notebooks/build_notebooks.py --execute   # and run them with papermill, keeping outputs
+
+The committed notebooks carry the outputs of the --execute run: nbval compares the cells marked
+NBVAL_CHECK_OUTPUT against them.
+"""
+import os
+import sys
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from dsnb.config import RunConfig, field_docs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = "dsnb-dev/dsnb"  # where the project is published; the Colab badges and the Colab setup cell use it
+
+
+def badge(name):
+    url = f"https://colab.research.google.com/github/{REPO}/blob/main/notebooks/{name}"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+SETUP = f"""# Colab only: fetch dsnb and install its pinned requirements (Colab's own torch stays).
+# Elsewhere run `bash setup.sh` once in the repository instead.
+import os, subprocess, sys
+if "google.colab" in sys.modules and not os.path.isdir("dsnb-repo"):
+    subprocess.run(["git", "clone", "--depth", "1", "https://github.com/{REPO}", "dsnb-repo"], check=True)
+    subprocess.run(["bash", "dsnb-repo/colab_setup.sh"], check=True)
+    sys.path.insert(0, "dsnb-repo")"""
+
+OFFLINE_NOTE = ("**Offline default.** With `DSNB_OFFLINE=1` in the environment (CI, an air-gapped box, a GPU "
+                "without a hub), parameters left at their defaults take dsnb's offline values instead: the "
+                "synthetic Llama `synthetic:tiny` and the synthetic SQuAD-format set, a short fp32 run. Values "
+                "you change always win. The first dsnb cell prints which defaults apply.")
+
+
+def parameters_cell(names=None):
+    defaults, docs = RunConfig().to_dict(), field_docs()
+    names = names or list(defaults)
+    lines = [f"{name}: {type(defaults[name]).__name__} = {defaults[name]!r}  # {docs[name]}" for name in names]
+    cell = new_code_cell("\n".join(lines))
+    cell.metadata["tags"] = ["parameters"]
+    return cell
+
+
+def checked(source):
+    """A code cell whose output nbval compares with the committed one."""
+    return new_code_cell("# NBVAL_CHECK_OUTPUT\n" + source)
+
+
+def notebook_01():
+    return [
+        new_markdown_cell(f"""# DeepSpeed vs. the baseline: the tutorial's experiment, measured
+{badge("01_deepspeed_vs_baseline.ipynb")}
+
+**ZeRO** splits training state across data-parallel GPUs instead of copying it to each: stage 1 splits
+the optimizer state, stage 2 also the gradients, stage 3 also the parameters (fetched when needed).
+**Offload** moves optimizer state (and at stage 3 the parameters) to CPU RAM or NVMe, trading GPU memory
+for PCIe or disk traffic.
+
+This notebook runs the tutorial's comparison: LoRA fine-tuning of an 8-bit Llama-3.2-3B
+(`Bllossom/llama-3.2-Korean-Bllossom-3B`) on SQuAD's first 1,000 rows, once without DeepSpeed and once
+with ZeRO-2 and the optimizer offloaded to the CPU. Unlike the tutorial, each run gets its own process
+(no leftover memory), peak memory comes from the allocator and NVML, throughput counts real tokens, and
+both runs land in MLflow with their whole config.
+
+{OFFLINE_NOTE}"""),
+        new_code_cell(SETUP),
+        new_markdown_cell("## Parameters\nEvery name is a `dsnb.RunConfig` field; papermill overrides them "
+                          "(`papermill --help-notebook` lists them)."),
+        parameters_cell(),
+        new_markdown_cell("## The run config\nValidated before anything loads: a bad value stops here with "
+                          "what to change."),
+        checked("import dsnb\n\ncfg = dsnb.from_notebook(globals())"),
+        new_markdown_cell("## Train both variants, each in its own process\nA bar per variant and per step; "
+                          "a failed variant is recorded as a FAILED run and the next one still runs."),
+        new_code_cell("results = dsnb.run_all(dsnb.tutorial_pair(cfg))"),
+        new_markdown_cell("## Side by side, read back from MLflow\nThe tutorial's metrics first "
+                          "(`gpu_memory_used_mb` is its GPUtil after-minus-before reading), then peak memory from "
+                          "the allocator and NVML, steady-state throughput and MFU."),
+        new_code_cell("dsnb.compare_table(cfg.tracking_uri, results)"),
+        new_markdown_cell("## Did both runs do the same work?\nSame data, seed and steps, and final losses "
+                          "that agree: otherwise the comparison means nothing."),
+        checked("print(dsnb.same_work(cfg.tracking_uri, results))"),
+        new_markdown_cell("## Plots\nAlso logged to each run as `comparison.png`."),
+        new_code_cell("dsnb.plot_runs(cfg.tracking_uri, results)"),
+        new_markdown_cell("""## Take the results with you
+`python -m dsnb export -o dsnb_mlflow.zip` writes the store (SQLite file and artifacts) to one zip; on
+Colab, download it with `from google.colab import files; files.download("dsnb_mlflow.zip")`. Unzip it
+on your machine and open the runs with the command below. It listens on 127.0.0.1 only: MLflow's UI
+has no login, so do not bind it to 0.0.0.0 as the tutorial did."""),
+        new_code_cell("print(dsnb.ui_command(cfg.tracking_uri))"),
+    ]
+
+
+def notebook_02():
+    return [
+        new_markdown_cell(f"""# One variant: any ZeRO stage and offload
+{badge("02_zero_stages.ipynb")}
+
+One execution trains one variant in its own process and records it as one MLflow run. Set the
+parameters (for example `strategy = "zero3"`, `offload_param = "cpu"`), or let papermill run it once
+per variant: `python -m dsnb sweep -f variants/sweep_zero_stages.yaml`.
+
+{OFFLINE_NOTE}"""),
+        new_code_cell(SETUP),
+        new_markdown_cell("## Parameters"),
+        parameters_cell(),
+        new_markdown_cell("## The run config"),
+        checked("import dsnb\n\ncfg = dsnb.from_notebook(globals())"),
+        new_markdown_cell("## Train"),
+        new_code_cell("result = dsnb.run_variant(cfg)"),
+        checked("print(result[\"name\"], result[\"status\"])"),
+        new_markdown_cell("## What it cost"),
+        new_code_cell("dsnb.compare_table(cfg.tracking_uri, [result])"),
+        new_code_cell("dsnb.plot_runs(cfg.tracking_uri, [result])"),
+    ]
+
+
+def notebook_03():
+    return [
+        new_markdown_cell(f"""# Compare runs: memory saved, speed lost, and what fits your GPU
+{badge("03_compare_runs.ipynb")}
+
+Reads the newest run of each name from an MLflow experiment (from notebooks 01 and 02, `python -m dsnb
+compare` or a sweep) and compares them against the baseline. `memory_budget_gb` is the GPU you
+are sizing for: 15 for a T4, 22 for an L4, 40 or 80 for an A100."""),
+        new_code_cell(SETUP),
+        new_markdown_cell("## Parameters"),
+        parameters_cell(["tracking_uri", "experiment", "memory_budget_gb"]),
+        new_markdown_cell("## The runs"),
+        new_code_cell("import dsnb\n\nruns = dsnb.find_runs(tracking_uri, experiment)\n"
+                      "dsnb.compare_table(tracking_uri, runs)"),
+        new_markdown_cell("## Memory saved and speed lost against the baseline"),
+        new_code_cell("dsnb.savings_table(tracking_uri, runs)"),
+        new_code_cell("dsnb.plot_runs(tracking_uri, runs, log=False)"),
+        new_markdown_cell("## The fastest variant that fits the budget\nPeak GPU memory as NVML saw it "
+                          "(the CUDA context included), against `memory_budget_gb`."),
+        new_code_cell("print(dsnb.best_for_budget(tracking_uri, runs, memory_budget_gb))"),
+    ]
+
+
+NOTEBOOKS = {"01_deepspeed_vs_baseline.ipynb": notebook_01, "02_zero_stages.ipynb": notebook_02,
+             "03_compare_runs.ipynb": notebook_03}
+
+
+def main():
+    for name, build in NOTEBOOKS.items():
+        nb = new_notebook(cells=build())
+        nb.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
+                           language_info={"name": "python"})
+        if name == "03_compare_runs.ipynb":
+            nb.cells[3].source = nb.cells[3].source.replace("memory_budget_gb: float = 0.0", "memory_budget_gb: float = 15.0")
+        nbformat.write(nb, os.path.join(HERE, name))
+    if "--execute" in sys.argv:
+        import tempfile
+
+        import papermill
+
+        with tempfile.TemporaryDirectory() as tmp:  # a fresh MLflow store, so 03 sees only these runs
+            for name in NOTEBOOKS:  # in order: 03 compares the runs that 01 and 02 made
+                papermill.execute_notebook(os.path.join(HERE, name), os.path.join(HERE, name), cwd=tmp,
+                                           kernel_name="python3")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The notebooks as users and CI run them: nbval against the committed outputs, papermill with parameters."""
+import ast
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import mlflow
+import nbformat
+import papermill
+import pytest
+
+from dsnb.config import RunConfig, field_names
+from dsnb.data import synthetic_squad
+from dsnb.model import resolve_model
+
+NOTEBOOKS = pathlib.Path(__file__).parent.parent / "notebooks"
+NAMES = ["01_deepspeed_vs_baseline.ipynb", "02_zero_stages.ipynb", "03_compare_runs.ipynb"]
+
+
+def parameters_cell(name):
+    cells = [c for c in nbformat.read(NOTEBOOKS / name, 4).cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, f"{name} needs exactly one cell tagged parameters"
+    return cells[0].source
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parameters_are_literal_run_config_fields(name):
+    tree = ast.parse(parameters_cell(name))
+    defaults = RunConfig().to_dict()
+    for node in tree.body:
+        assert isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Constant), ast.unparse(node)
+        assert node.target.id in field_names(), node.target.id
+        if not name.startswith("03"):  # the defaults are what from_notebook treats as "not set"
+            assert node.value.value == defaults[node.target.id], node.target.id
+    if not name.startswith("03"):
+        assert [n.target.id for n in tree.body] == field_names()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_help_notebook_lists_every_parameter_with_type_and_comment(name):
+    out = subprocess.run(["papermill", "--help-notebook", str(NOTEBOOKS / name)], capture_output=True, text=True)
+    assert out.returncode == 0 and "Unknown type" not in out.stdout and "Unable to parse" not in out.stderr
+    for node in ast.parse(parameters_cell(name)).body:
+        assert f"{node.target.id}: {type(node.value.value).__name__} (default" in out.stdout
+
+
+@pytest.mark.integration
+def test_committed_notebooks_pass_nbval(tmp_path):
+    for name in NAMES:
+        shutil.copy(NOTEBOOKS / name, tmp_path / name)
+    env = {**os.environ, "DSNB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+                           "--sanitize-with", str(NOTEBOOKS / "nbval_sanitize.cfg"), *NAMES],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.integration
+def test_notebook_02_runs_zero3_full_fine_tuning(workdir):
+    params = dict(model="synthetic:tiny", dataset="synthetic", num_samples=32, max_length=64, max_steps=3,
+                  dtype="fp32", quantization="none", lora_r=0, strategy="zero3", offload_param="cpu",
+                  offload_optimizer="cpu", logging_steps=1, run_name="nb-zero3")
+    papermill.execute_notebook(NOTEBOOKS / NAMES[1], workdir / "out.ipynb", parameters=params, cwd=workdir,
+                               kernel_name="python3", progress_bar=False)
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "nb-zero3"
+    assert (run.data.params["strategy"], run.data.params["offload_param"], run.data.params["lora_r"]) == ("zero3", "cpu", "0")
+    ds = json.loads(client.download_artifacts(run.info.run_id, "deepspeed_config.json") and
+                    open(client.download_artifacts(run.info.run_id, "deepspeed_config.json")).read())
+    assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert "comparison.png" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+@pytest.mark.integration
+def test_notebook_01_with_a_dataset_file(workdir):
+    path = workdir / "my_squad.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in synthetic_squad(40, seed=7)))
+    params = dict(model="synthetic:tiny", dataset=str(path), num_samples=40, max_length=64, max_steps=2,
+                  dtype="bf16", logging_steps=1, experiment="nb01")
+    papermill.execute_notebook(NOTEBOOKS / NAMES[0], workdir / "out.ipynb", parameters=params, cwd=workdir,
+                               kernel_name="python3", progress_bar=False)
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("nb01").experiment_id])
+    assert {r.info.run_name: r.info.status for r in runs} == {"Without_DeepSpeed": "FINISHED",
+                                                              "With_DeepSpeed": "FINISHED"}
+    assert all(r.data.params["dataset"] == str(path) and r.data.params["dtype"] == "bf16" for r in runs)
+    out = (workdir / "out.ipynb").read_text()
+    assert "final loss" in out and "agree" in out and "image/png" in out
+
+
+@pytest.mark.integration
+def test_a_bad_parameter_fails_in_the_first_dsnb_cell(workdir):
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        papermill.execute_notebook(NOTEBOOKS / NAMES[1], workdir / "out.ipynb", parameters={"strategy": "zero9"},
+                                   cwd=workdir, kernel_name="python3", progress_bar=False)
+    assert "strategy is 'zero9'; use one of baseline, zero0" in str(err.value)
+    assert "dsnb.from_notebook" in err.value.source  # the first dsnb cell, before anything trains
+    assert not (workdir / "mlflow.db").exists()
+
+
+@pytest.mark.integration
+def test_sweep_goes_on_after_a_failed_variant(workdir):
+    broken = workdir / "broken-model"
+    shutil.copytree(resolve_model("synthetic:tiny"), broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    (workdir / "sweep.yaml").write_text(f"""# python -m dsnb sweep -f sweep.yaml --offline
+notebook: {NOTEBOOKS / NAMES[1]}
+base: {{max_steps: 2, num_samples: 16}}
+variants:
+  - {{run_name: broken, model: {broken}}}
+  - {{run_name: zero1, strategy: zero1}}
+""")
+    done = subprocess.run([sys.executable, "-m", "dsnb", "sweep", "-f", "sweep.yaml", "--offline"], cwd=workdir,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    runs = {r.info.run_name: r for r in client.search_runs(
+        [client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])}
+    assert runs["broken"].info.status == "FAILED" and runs["zero1"].info.status == "FINISHED"
+    for run in runs.values():
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert any(a.endswith(".ipynb") for a in artifacts), artifacts
+    assert len(list((workdir / "sweeps" / "sweep").glob("*.ipynb"))) == 2
