@@ -51,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("compare", parents=[common], help="run the tutorial's pair and print the table")
     sub.add_parser("sweep", parents=[common], help="execute a notebook per variant of a sweep file (-f); "
                    "field flags override every variant")
+    bench = sub.add_parser("bench", help="the tutorial's recipe vs dsnb's fast recipe, repeated; writes "
+                           "benchmarks/results/<gpu>.json and .md")
+    bench.add_argument("--offline", action="store_true", help="synthetic:tiny on the CPU instead of the 3B shape")
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
+    bench.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
+    bench.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    bench.add_argument("--out", default="benchmarks/results")
+    bench.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export = sub.add_parser("export", help="zip the MLflow store for download")
     export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
@@ -110,6 +119,19 @@ def cmd_sweep(args) -> int:
     return 0 if all(r["status"] == "FINISHED" for r in results) else 1
 
 
+def cmd_bench(args) -> int:
+    from .bench import VARIANTS, markdown, run_bench
+
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in VARIANTS]
+    if unknown:
+        raise ConfigError(f"--only {unknown[0]} is not a bench variant; use {', '.join(VARIANTS)}")
+    result = run_bench(args.offline or offline_requested(), args.repeats, args.warmup, args.steps, only or None,
+                       args.out, args.tracking_uri)
+    print(markdown(result))
+    return 0 if all(r["finished"] == r["repeats"] for r in result["variants"]) else 1
+
+
 def cmd_export(args) -> int:
     from .tracking import export_store, ui_command
 
@@ -129,4 +151,4 @@ def cmd_ui(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "export": cmd_export, "ui": cmd_ui}
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "bench": cmd_bench, "export": cmd_export, "ui": cmd_ui}

@@ -1,0 +1,115 @@
+"""The benchmark: the tutorial's recipe against dsnb's fast recipe, each variant in its own process, repeated.
+
+    python -m dsnb bench                         # on a GPU: writes benchmarks/results/<gpu>.json and .md
+    python -m dsnb bench --offline --repeats 2   # the same on the CPU with synthetic:tiny
+
+Every variant uses the tutorial's LoRA settings, learning rate, seed, data and effective batch of 8 (the
+throughput mode excepted), and runs warm-up steps before the timed ones. Ratios are to the tutorial's
+recipe measured in the same invocation; absolute times on a shared machine are noise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+
+from .config import OFFLINE, RunConfig
+
+# dsnb's fast recipe: bf16 weights instead of 8-bit, each batch padded only to its longest sample, and
+# one micro-batch of 8 instead of 2 x 4 accumulation (same effective batch, a quarter of the steps).
+FAST = dict(quantization="none", dtype="bf16", padding="longest", batch_size=8, grad_accum=1)
+VARIANTS = {
+    "tutorial": {},
+    "tutorial_zero2_offload": dict(strategy="zero2", offload_optimizer="cpu"),
+    "fast": FAST,
+    "fast_zero2": dict(FAST, strategy="zero2"),
+    "throughput_b64": dict(FAST, batch_size=64),
+}
+GPU_BASE = dict(model="synthetic:llama-3.2-3b", dataset="synthetic", num_samples=1000)
+
+
+def bench_configs(offline: bool, warmup: int, steps: int, tracking_uri: str) -> dict[str, RunConfig]:
+    base = dict(OFFLINE if offline else GPU_BASE, warmup_steps=warmup, max_steps=warmup + steps,
+                logging_steps=1, save_model=False, experiment="dsnb_bench", tracking_uri=tracking_uri)
+    if offline:
+        base["dtype"] = "fp32"  # fp16 needs a GPU
+    cfgs = {}
+    for name, changes in VARIANTS.items():
+        values = {**base, **changes}
+        if offline and values["dtype"] == "bf16":
+            values["dtype"] = "fp32"
+        cfgs[name] = RunConfig(**values, run_name=name)
+    return cfgs
+
+
+def summarize(name: str, results: list[dict]) -> dict:
+    """Median and spread over the repeats that finished."""
+    ok = [r["metrics"] for r in results if r["status"] == "FINISHED"]
+    row = {"name": name, "repeats": len(results), "finished": len(ok)}
+    for key, metric in (("samples_per_second", "samples_per_second"), ("tokens_per_second", "tokens_per_second"),
+                        ("mfu", "mfu"), ("peak_gpu_allocated_mb", "peak_gpu_allocated_mb"),
+                        ("peak_gpu_nvml_mb", "peak_gpu_nvml_mb"), ("peak_cpu_rss_mb", "peak_cpu_rss_mb"),
+                        ("final_loss", "loss"), ("step_time_ms", "step_time_ms")):
+        values = [m[metric] for m in ok if metric in m]
+        row[key] = statistics.median(values) if values else None
+        if key in ("samples_per_second", "step_time_ms") and values:
+            row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
+    return row
+
+
+def run_bench(offline: bool = False, repeats: int = 3, warmup: int = 2, steps: int = 10, only: list[str] | None = None,
+              out_dir: str = "benchmarks/results", tracking_uri: str = "sqlite:///mlflow.db") -> dict:
+    from .run import pick_device, run_variant
+
+    cfgs = bench_configs(offline, warmup, steps, tracking_uri)
+    names = only or list(cfgs)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for repeat in range(repeats):  # interleaved, so drift on a shared machine hits every variant alike
+        for name in names:
+            print(f"[bench] repeat {repeat + 1}/{repeats}: {name}", flush=True)
+            runs[name].append(run_variant(cfgs[name], progress=False, tags={"bench_repeat": repeat}))
+    rows = [summarize(n, runs[n]) for n in names]
+    base = next((r for r in rows if r["name"] == "tutorial"), None)
+    for row in rows:
+        ok = base and base["samples_per_second"] and row["samples_per_second"]
+        row["ratio_to_tutorial"] = row["samples_per_second"] / base["samples_per_second"] if ok else None
+    device = pick_device()
+    gpu = "cpu"
+    if device.startswith("cuda"):
+        import torch
+
+        gpu = torch.cuda.get_device_name(device)
+    command = "python -m dsnb bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "python -m dsnb bench"
+    result = {"gpu": gpu, "command": command, "warmup_steps": warmup, "timed_steps": steps,
+              "mfu_convention": "model FLOPs per real token (6N full, 4N + 6N_trainable LoRA; N = matmul weights) "
+                                "/ dense bf16 datasheet peak",
+              "variants": rows}
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, gpu.replace(" ", "_").lower())
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(result))
+    return result
+
+
+def markdown(result: dict) -> str:
+    def num(value, fmt):
+        return "" if value is None else format(value, fmt)
+
+    lines = [f"# dsnb bench on {result['gpu']}", "", f"    {result['command']}", "",
+             f"{result['warmup_steps']} warm-up steps, then {result['timed_steps']} timed optimizer steps; each "
+             "variant in its own process; medians over the repeats (min-max in brackets).", "",
+             "| variant | samples/s | real tokens/s | MFU | step ms | peak alloc MB | peak NVML MB | final loss | "
+             "vs tutorial | runs ok |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["variants"]:
+        spread = (f" [{num(r.get('samples_per_second_min'), '.3g')}-{num(r.get('samples_per_second_max'), '.3g')}]"
+                  if r.get("samples_per_second_min") is not None else "")
+        lines.append(f"| {r['name']} | {num(r['samples_per_second'], '.3g')}{spread} | "
+                     f"{num(r['tokens_per_second'], ',.0f')} | {num(r['mfu'] and 100 * r['mfu'], '.2f')}% | "
+                     f"{num(r['step_time_ms'], '.0f')} | {num(r['peak_gpu_allocated_mb'], ',.0f')} | "
+                     f"{num(r['peak_gpu_nvml_mb'], ',.0f')} | {num(r['final_loss'], '.3f')} | "
+                     f"{num(r['ratio_to_tutorial'], '.1f')}x | {r['finished']}/{r['repeats']} |")
+    lines += ["", f"MFU: {result['mfu_convention']}.", ""]
+    return "\n".join(lines)
