@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import platform
+import socket
 import sqlite3
 import sys
 import tempfile
@@ -56,7 +57,10 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
 
     client = MlflowClient(cfg.tracking_uri)
     if run_id is None:
-        run_id = client.create_run(experiment_id(cfg), run_name=cfg.run_name or cfg.derived_name()).info.run_id
+        mark_stale_runs(client)
+        owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid())}
+        run_id = client.create_run(experiment_id(cfg), run_name=cfg.run_name or cfg.derived_name(),
+                                   tags=owner).info.run_id
     client.log_batch(run_id, params=[Param(k, str(v)) for k, v in cfg.to_dict().items()],
                      tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
     return run_id
@@ -71,6 +75,23 @@ def tracked_run(cfg: RunConfig, run_id: str | None = None):
     experiment_id(cfg)
     with mlflow.start_run(run_id=run_id) as run:  # start_run ends it FAILED when the block raises
         yield run
+
+
+def mark_stale_runs(client) -> list[str]:
+    """Mark KILLED the RUNNING runs whose owning process on this host is gone (killed before it could)."""
+    import psutil
+
+    stale = []
+    host = socket.gethostname()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    for run in client.search_runs(experiments, "attributes.status = 'RUNNING'") if experiments else []:
+        tags = run.data.tags
+        if tags.get("dsnb.host") == host and tags.get("dsnb.pid") and not psutil.pid_exists(int(tags["dsnb.pid"])):
+            client.set_tag(run.info.run_id, "failure", "killed")
+            client.set_tag(run.info.run_id, "error", f"process {tags['dsnb.pid']} ended without closing this run")
+            client.set_terminated(run.info.run_id, status="KILLED")
+            stale.append(run.info.run_id)
+    return stale
 
 
 def finish(run_id: str, tracking_uri: str, status: str) -> None:

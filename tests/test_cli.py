@@ -1,5 +1,4 @@
 """The README's main job and the CLI's contract, run as a user runs them (real processes, real MLflow store)."""
-import os
 import shutil
 import subprocess
 import sys

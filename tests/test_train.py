@@ -45,3 +45,22 @@ def test_tutorial_8bit_lora_zero2_offload_runs_on_cpu(workdir):
     assert int(run.data.params["trainable_params"]) < int(run.data.params["total_params"]) / 5
     artifacts = {a.path for a in mlflow.MlflowClient(cfg.tracking_uri).list_artifacts(result["run_id"])}
     assert {"deepspeed_config.json", "environment.json", "model", "train.log"} <= artifacts
+
+
+def test_fast_recipe_keeps_the_math(tmp_path):
+    """Per-batch padding and one micro-batch of 8 train exactly what padding to max_length and 2 x 4 do."""
+    from dsnb.bench import FAST
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3,
+                  lora_dropout=0.0, save_model=False, tracking_uri=uri)  # no dropout: masks differ by batch layout
+    plain = RunConfig(**common, run_name="plain")
+    fast = RunConfig(**{**common, **FAST, "dtype": "fp32"}, run_name="fast")
+    assert (fast.padding, fast.batch_size * fast.grad_accum) == ("longest", plain.batch_size * plain.grad_accum)
+    results = run_all([plain, fast], progress=False)
+    assert [r["status"] for r in results] == ["FINISHED", "FINISHED"]
+    plain_curve, fast_curve = (loss_curve(uri, r["run_id"]) for r in results)
+    assert len(plain_curve) == 4 and plain_curve[-1] < plain_curve[0]
+    assert fast_curve == pytest.approx(plain_curve, rel=2e-4)
+    real = [r["metrics"]["real_tokens_per_sample"] for r in results]
+    assert real[0] == pytest.approx(real[1])  # the same real tokens, only the padding differs

@@ -1,0 +1,112 @@
+"""MLflow as users meet it: a real `mlflow server`, the zip export read back elsewhere, stale runs, no secrets."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+
+import mlflow
+import pytest
+
+from dsnb.config import OFFLINE, RunConfig
+from dsnb.tracking import create_run, export_store
+
+pytestmark = pytest.mark.integration
+SECRET = "hf_dsnbTestSecretValue1234567890"
+
+
+def dsnb(*args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", "dsnb", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900, env=env)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+                               "--artifacts-destination", str(tmp_path / "server-artifacts"), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        os.killpg(server.pid, signal.SIGTERM)
+        pytest.fail("mlflow server did not start on 127.0.0.1 within 60 s")
+    yield url
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+def test_runs_logged_through_a_real_mlflow_server(workdir, mlflow_server):
+    done = dsnb("run", "--offline", "--max_steps", "2", "--tracking_uri", mlflow_server, "--run_name", "served",
+                cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = mlflow.MlflowClient(mlflow_server)
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "served"
+    assert run.data.metrics["tokens_per_second"] > 0 and run.data.params["strategy"] == "baseline"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"environment.json", "model"} <= artifacts
+    assert not (workdir / "mlflow.db").exists()
+
+
+def test_export_reads_back_elsewhere_and_never_overwrites(workdir, monkeypatch):
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    done = dsnb("run", "--offline", "--max_steps", "2", "--run_name", "exported", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    export_store(uri, str(workdir / "store.zip"))
+    with pytest.raises(FileExistsError):
+        export_store(uri, str(workdir / "store.zip"))
+    elsewhere = workdir / "elsewhere"
+    zipfile.ZipFile(workdir / "store.zip").extractall(elsewhere)
+    original = mlflow.MlflowClient(uri)
+    [before] = original.search_runs([original.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    os.rename(workdir / "mlartifacts", workdir / "moved-away")  # the copy must not lean on the original
+    monkeypatch.chdir(elsewhere)
+    copy = mlflow.MlflowClient("sqlite:///mlflow.db")
+    [after] = copy.search_runs([copy.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert after.info.run_id == before.info.run_id and after.data.params == before.data.params
+    assert after.data.metrics == before.data.metrics
+    assert copy.get_metric_history(after.info.run_id, "loss") == original.get_metric_history(before.info.run_id, "loss")
+    env_file = copy.download_artifacts(after.info.run_id, "environment.json", str(elsewhere))
+    assert '"packages"' in open(env_file).read()
+
+
+def test_a_run_left_running_by_a_killed_process_is_marked_on_next_start(workdir):
+    cfg = RunConfig(**OFFLINE, tracking_uri=f"sqlite:///{workdir}/mlflow.db", run_name="orphan")
+    code = (f"from dsnb.tracking import create_run; from dsnb.config import RunConfig, OFFLINE; "
+            f"print(create_run(RunConfig(**OFFLINE, tracking_uri={cfg.tracking_uri!r}, run_name='orphan')))")
+    orphan = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1]
+    client = mlflow.MlflowClient(cfg.tracking_uri)
+    assert client.get_run(orphan).info.status == "RUNNING"  # its process is gone and never closed it
+    mine = create_run(cfg.replace(run_name="next"))
+    assert client.get_run(orphan).info.status == "KILLED"
+    assert "ended without closing" in client.get_run(orphan).data.tags["error"]
+    assert client.get_run(mine).info.status == "RUNNING"  # this process is alive: its run is left alone
+
+
+def test_no_secret_from_the_environment_reaches_the_store(workdir):
+    env = {**os.environ, "HF_TOKEN": SECRET, "MLFLOW_TRACKING_PASSWORD": SECRET, "AWS_SECRET_ACCESS_KEY": SECRET}
+    done = dsnb("compare", "--offline", "--max_steps", "2", cwd=workdir, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    checked = 0
+    for folder, _, files in os.walk(workdir):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                assert SECRET.encode() not in f.read(), os.path.join(folder, name)
+            checked += 1
+    assert checked > 10  # the store, the logs and the artifacts were all there to search
