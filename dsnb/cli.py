@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     common = config_parser()
     parser = argparse.ArgumentParser(prog="python -m dsnb", description="What DeepSpeed buys you, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
+    run = sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
+    run.add_argument("--resume", action="store_true", help="continue the newest failed or killed run of this "
+                     "name from its last checkpoint (needs checkpoint_steps), into the same MLflow run")
     sub.add_parser("compare", parents=[common], help="run the tutorial's pair and print the table")
     sub.add_parser("sweep", parents=[common], help="execute a notebook per variant of a sweep file (-f); "
                    "field flags override every variant")
@@ -78,7 +80,7 @@ def cmd_run(args) -> int:
 
     cfg = build_config(args)
     try:
-        metrics = train(cfg)
+        metrics = train(cfg, resume=args.resume)
     except ConfigError:
         raise
     except Exception:
@@ -115,7 +117,8 @@ def cmd_sweep(args) -> int:
     results = run_sweep(args.file, offline=args.offline or offline_requested(), overrides=overrides)
     uri = results[0]["tracking_uri"]
     print(format_table(compare_table(uri, results)))
-    print(f"\nExecuted notebooks: {os.path.dirname(results[0]['notebook'])}; runs: {ui_command(uri)}")
+    notebooks = {os.path.dirname(r["notebook"]) for r in results if r["notebook"]}
+    print(f"\nExecuted notebooks: {', '.join(notebooks) or 'none (all skipped)'}; runs: {ui_command(uri)}")
     return 0 if all(r["status"] == "FINISHED" for r in results) else 1
 
 

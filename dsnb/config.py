@@ -81,6 +81,8 @@ class RunConfig:
     """Optimizer steps to run; 0 runs `epochs` full passes."""
     logging_steps: int = 50
     """Optimizer steps between loss records."""
+    checkpoint_steps: int = 0
+    """Save a checkpoint (weights, optimizer, DeepSpeed engine, data position) every N steps for --resume; 0 = none."""
     warmup_steps: int = 1
     """Steps left out of the steady-state throughput (the first steps pay for start-up)."""
     memory_budget_gb: float = 0.0
@@ -109,7 +111,7 @@ class RunConfig:
                      "logging_steps"):
             if getattr(self, name) <= 0:
                 fail(name, f"is {getattr(self, name)}; it must be a positive number")
-        for name in ("lora_r", "max_steps", "warmup_steps"):
+        for name in ("lora_r", "max_steps", "warmup_steps", "checkpoint_steps"):
             if getattr(self, name) < 0:
                 fail(name, f"is {getattr(self, name)}; it must be 0 or more")
         if self.memory_budget_gb < 0:

@@ -101,9 +101,10 @@ def deepspeed_env(device: str) -> None:
                           MASTER_PORT=str(port))
 
 
-def train(cfg: RunConfig, run_id: str | None = None) -> dict:
+def train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> dict:
     """Train cfg's variant in this process, log it to MLflow, return its metrics.
 
+    With resume, continue the newest unfinished run of cfg's name from its last checkpoint, into that run.
     Raises ConfigError for what the user must change; any other failure is recorded as a FAILED run
     (with the memory measured so far and the error as an artifact) and re-raised.
     """
@@ -115,16 +116,44 @@ def train(cfg: RunConfig, run_id: str | None = None) -> dict:
     from .metrics import PeakMemory
 
     run_id = run_id or os.environ.get("MLFLOW_RUN_ID")
+    checkpoint = None
+    if resume:
+        run_id, checkpoint = resumable_run(cfg)
     main = int(os.environ.get("RANK", 0)) == 0
     # Under a multi-process launcher only rank 0 records the run.
     with (tracking.tracked_run(cfg, run_id) if main else contextlib.nullcontext()) as run, PeakMemory(device) as mem:
         try:
-            metrics = _train(cfg, device, mem, run is not None)
+            metrics = _train(cfg, device, mem, run is not None, checkpoint)
         except BaseException as e:
             if run is not None:
                 _record_failure(e, mem)
             raise
     return metrics
+
+
+def resumable_run(cfg: RunConfig) -> tuple[str, str]:
+    """(run id, last checkpoint) of the newest FAILED or KILLED run named like cfg's that left a checkpoint."""
+    from mlflow import MlflowClient
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from . import tracking
+
+    client = MlflowClient(cfg.tracking_uri)
+    name = cfg.run_name or cfg.derived_name()
+    tracking.mark_stale_runs(client)
+    runs = client.search_runs([tracking.experiment_id(cfg)], f"attributes.run_name = '{name}' and "
+                              "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
+                              order_by=["attributes.start_time DESC"])
+    for run in runs:
+        folder = os.path.join(cfg.output_dir, run.info.run_id)
+        checkpoint = get_last_checkpoint(folder) if os.path.isdir(folder) else None
+        if checkpoint:
+            if not tracking.same_config(run, cfg):
+                raise ConfigError(f"run {name} ({run.info.run_id}) was started with another config; resume it "
+                                  "with the same fields, or drop --resume to start afresh")
+            return run.info.run_id, checkpoint
+    raise ConfigError(f"nothing to resume: no failed or killed run named {name} with a checkpoint under "
+                      f"{cfg.output_dir}/ (set checkpoint_steps to save them); run without --resume")
 
 
 def _record_failure(error: BaseException, mem) -> None:
@@ -138,7 +167,7 @@ def _record_failure(error: BaseException, mem) -> None:
     mlflow.log_text("".join(traceback.format_exception(error)), "error.txt")
 
 
-def _train(cfg: RunConfig, device: str, mem, log: bool) -> dict:
+def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None = None) -> dict:
     import mlflow
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -169,7 +198,8 @@ def _train(cfg: RunConfig, device: str, mem, log: bool) -> dict:
         learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
         lr_scheduler_type="linear", warmup_steps=0, optim="adamw_torch", seed=cfg.seed, data_seed=cfg.seed,
         fp16=cfg.dtype == "fp16", bf16=cfg.dtype == "bf16", use_cpu=device == "cpu",
-        logging_steps=cfg.logging_steps, logging_first_step=True, save_strategy="no", report_to="none",
+        logging_steps=cfg.logging_steps, logging_first_step=True, report_to="none",
+        save_strategy="steps" if cfg.checkpoint_steps else "no", save_steps=cfg.checkpoint_steps or 500,
         deepspeed=deepspeed, ddp_backend="gloo" if device == "cpu" and deepspeed else None,
         include_num_input_tokens_seen="non_padding", disable_tqdm=bool(os.environ.get(PROGRESS_ENV)),
         dataloader_num_workers=0)
@@ -179,7 +209,7 @@ def _train(cfg: RunConfig, device: str, mem, log: bool) -> dict:
         """Times steps, logs the loss curve to MLflow and reports progress to a parent process."""
 
         def on_train_begin(self, args, state, control, **kw):
-            timer.mark(0, 0)
+            timer.mark(state.global_step, state.num_input_tokens_seen)  # a resumed run starts mid-way
 
         def on_step_end(self, args, state, control, **kw):
             timer.mark(state.global_step, state.num_input_tokens_seen)
@@ -193,11 +223,13 @@ def _train(cfg: RunConfig, device: str, mem, log: bool) -> dict:
 
     trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator(tokenizer),
                       callbacks=[Callback()])
+    if log and checkpoint:
+        mlflow.set_tag("resumed_from", checkpoint)
     if log:
         mlflow.log_params({"trainable_params": trainable, "total_params": total, "device": device,
                            "mfu_convention": "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"})
         tracking.log_json(tracking.environment(device), "environment.json")
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=checkpoint)
     mem.sample()
     samples_per_step = cfg.batch_size * cfg.grad_accum * world_size()
     metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}

@@ -86,6 +86,13 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None, p
     results = []
     for cfg in tqdm(cfgs, desc=f"sweep {sweep}", unit="variant", disable=not progress):
         name = cfg.run_name or cfg.derived_name()
+        done = finished_run(cfg, sweep)
+        if done is not None:  # a sweep started again skips what already finished and reruns the rest
+            if progress:
+                print(f"{name}: already FINISHED in run {done.info.run_id}; skipped")
+            results.append({"run_id": done.info.run_id, "name": name, "status": "FINISHED", "skipped": True,
+                            "notebook": None, "tracking_uri": cfg.tracking_uri, "metrics": dict(done.data.metrics)})
+            continue
         run_id = tracking.create_run(cfg, tags={"sweep": sweep, "notebook": os.path.basename(notebook)})
         executed = os.path.join(out_dir, f"{name}-{run_id[:8]}.ipynb")
         error = None
@@ -108,6 +115,21 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None, p
         results.append({"run_id": run_id, "name": name, "status": run.info.status, "notebook": executed,
                         "tracking_uri": cfg.tracking_uri, "metrics": dict(run.data.metrics)})
     return results
+
+
+def finished_run(cfg: RunConfig, sweep: str):
+    """The FINISHED run of this sweep with cfg's name and exactly cfg's params, if there is one."""
+    from mlflow import MlflowClient
+
+    from . import tracking
+
+    client = MlflowClient(cfg.tracking_uri)
+    name = cfg.run_name or cfg.derived_name()
+    for run in client.search_runs([tracking.experiment_id(cfg)], f"tags.sweep = '{sweep}' and attributes.run_name = "
+                                  f"'{name}' and attributes.status = 'FINISHED'"):
+        if tracking.same_config(run, cfg):
+            return run
+    return None
 
 
 @contextlib.contextmanager

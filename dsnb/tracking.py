@@ -77,6 +77,11 @@ def tracked_run(cfg: RunConfig, run_id: str | None = None):
         yield run
 
 
+def same_config(run, cfg: RunConfig) -> bool:
+    """Whether an MLflow run was started with exactly cfg (its other params are measurements)."""
+    return all(run.data.params.get(k) == str(v) for k, v in cfg.to_dict().items())
+
+
 def mark_stale_runs(client) -> list[str]:
     """Mark KILLED the RUNNING runs whose owning process on this host is gone (killed before it could)."""
     import psutil

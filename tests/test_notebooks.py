@@ -126,3 +126,10 @@ variants:
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert any(a.endswith(".ipynb") for a in artifacts), artifacts
     assert len(list((workdir / "sweeps" / "sweep").glob("*.ipynb"))) == 2
+
+    again = subprocess.run([sys.executable, "-m", "dsnb", "sweep", "-f", "sweep.yaml", "--offline"], cwd=workdir,
+                           capture_output=True, text=True, timeout=900)
+    assert "zero1: already FINISHED" in again.stdout, again.stdout[-2000:]
+    names = [r.info.run_name for r in client.search_runs(
+        [client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])]
+    assert sorted(names) == ["broken", "broken", "zero1"]  # the failed variant ran again, the finished one did not
