@@ -82,7 +82,7 @@ class RunConfig:
     logging_steps: int = 50
     """Optimizer steps between loss records."""
     checkpoint_steps: int = 0
-    """Save a checkpoint (weights, optimizer, DeepSpeed engine, data position) every N steps for --resume; 0 = none."""
+    """Save a checkpoint (weights, optimizer, DeepSpeed engine, data position) every N steps for --resume; 0 means none."""
     warmup_steps: int = 1
     """Steps left out of the steady-state throughput (the first steps pay for start-up)."""
     memory_budget_gb: float = 0.0
