@@ -174,6 +174,7 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     from . import tracking
     from .data import build_dataset, collator
     from .metrics import StepTimer, flops_per_token, gputil_used_mb, peak_flops
+    from .estimate import estimate_memory, tokens_per_micro_batch
     from .model import count_parameters, load_model
     from .zero import ds_config
 
@@ -189,6 +190,7 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     model, tokenizer = load_model(cfg, device)
     train_set = build_dataset(cfg, tokenizer)
     trainable, total = count_parameters(model)
+    estimate = estimate_memory(cfg, model.config, trainable, tokens_per_micro_batch(cfg, train_set), world_size())
     deepspeed = None
     if cfg.zero_stage is not None:
         deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size())
@@ -223,6 +225,8 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
 
     trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator(tokenizer),
                       callbacks=[Callback()])
+    if log:
+        mlflow.log_metrics(estimate)  # before training, so a run that dies still has its estimate
     if log and checkpoint:
         mlflow.set_tag("resumed_from", checkpoint)
     if log:
@@ -236,6 +240,9 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     metrics["train_runtime_sec"] = metrics["train_runtime"]
     metrics["gpu_memory_used_mb"] = gputil_used_mb(index) - gputil_before
     metrics.update(mem.summary())
+    measured = metrics["peak_gpu_allocated_mb"]
+    if measured:
+        metrics["est_error_gpu"] = estimate["est_peak_gpu_mb"] / measured - 1
     metrics.update(timer.throughput(samples_per_step))
     flops, source = peak_flops(device)
     per_token = flops_per_token(model.config, trainable, full=cfg.lora_r == 0)

@@ -30,6 +30,7 @@ def test_offline_compare_end_to_end(workdir):
         missing = [m for m in METRICS + ["train_steps_per_second"] if m not in run.data.metrics]
         assert not missing, (name, missing)
         assert run.data.metrics["tokens_per_second"] > 0 and run.data.metrics["peak_cpu_rss_mb"] > 100
+        assert run.data.metrics["est_peak_gpu_mb"] > 0  # the estimate made before training, logged beside it
         assert len(client.get_metric_history(run.info.run_id, "loss")) >= 4  # the loss curve, per logging step
         assert run.data.params["model"] == "synthetic:tiny" and "seed" in run.data.params
         assert (workdir / "mlartifacts").is_dir() and not (workdir / "mlruns").exists()
@@ -51,7 +52,12 @@ def test_offline_compare_end_to_end(workdir):
     (["--batch_size", "0"], "batch_size is 0"),
     (["--strategy", "zero3", "--quantization", "none", "--offload_param", "nvme", "--nvme_path", "/no/such"],
      "nvme_path '/no/such' does not exist"),
+    (["--strategy", "zero3", "--quantization", "none", "--offload_param", "nvme", "--nvme_path", "/proc"],
+     "nvme_path '/proc' is not writable"),
     (["--dataset", "missing.jsonl"], "dataset file 'missing.jsonl' does not exist"),
+    (["--model", "some-org/no-such-model"], "model 'some-org/no-such-model' could not be loaded"),
+    (["--memory_budget_gb", "15"], "memory_budget_gb caps GPU memory and this machine has no GPU"),
+    (["--strategy", "zero2", "--ds_config", "missing.json"], "ds_config 'missing.json' does not exist"),
     (["--model", "synthetic:huge"], "synthetic shapes are"),
 ])
 def test_invalid_configuration_exits_2_with_one_line(workdir, flags, message):

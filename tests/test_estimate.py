@@ -1,0 +1,64 @@
+"""The memory estimator against real tensors of synthetic:tiny (the GPU comparison is in benchmarks/results)."""
+import pytest
+import torch
+
+from dsnb.config import OFFLINE, RunConfig
+from dsnb.data import build_dataset
+from dsnb.estimate import MB, estimate_memory, tokens_per_micro_batch
+from dsnb.model import count_parameters, load_model
+
+
+def tensor_mb(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors) / MB
+
+
+@pytest.mark.parametrize("lora_r", [0, 16])
+def test_weights_gradients_and_adam_state_match_real_tensors(lora_r):
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=lora_r))
+    model, tokenizer = load_model(cfg, "cpu")
+    trainable, _ = count_parameters(model)
+    batch = tokenizer(["질문: a?\n답변: b"] * 2, return_tensors="pt")
+    model(**batch, labels=batch["input_ids"]).loss.backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params)
+    optimizer.step()
+    est = estimate_memory(cfg, model.config, trainable, 100)
+    assert est["est_weights_mb"] == pytest.approx(tensor_mb(model.parameters()), rel=0.01)
+    assert est["est_grads_mb"] == pytest.approx(tensor_mb(p.grad for p in params), rel=0.01)
+    states = [v for s in optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert est["est_optimizer_states_mb"] == pytest.approx(tensor_mb(states), rel=0.01)
+
+
+@pytest.mark.parametrize("quantization", ["8bit", "4bit"])
+def test_quantized_weights_match_the_loaded_footprint(quantization):
+    cfg = RunConfig(**dict(OFFLINE, quantization=quantization, dtype="bf16"))
+    model, _ = load_model(cfg, "cpu")
+    est = estimate_memory(cfg, model.config, count_parameters(model)[0], 100)
+    footprint = model.get_base_model().get_memory_footprint(return_buffers=False) / MB  # adapters included
+    assert est["est_weights_mb"] == pytest.approx(footprint, rel=0.1)
+
+
+def test_zero_stages_and_offload_move_state_off_the_gpu():
+    from transformers import LlamaConfig
+
+    from dsnb.model import SHAPES
+
+    shape = LlamaConfig(**SHAPES["llama-3.2-3b"], head_dim=128)
+    full = dict(quantization="none", lora_r=0, dtype="bf16")
+    gpu = {name: estimate_memory(RunConfig(**full, **changes), shape, 3_212_749_824, 512, world_size=2)
+           for name, changes in {"base": {}, "z1": dict(strategy="zero1"), "z2": dict(strategy="zero2"),
+                                 "z3": dict(strategy="zero3"), "z3off": dict(strategy="zero3", offload_optimizer="cpu",
+                                                                             offload_param="cpu")}.items()}
+    peaks = [gpu[n]["est_peak_gpu_mb"] for n in ("z1", "z2", "z3", "z3off")]
+    assert peaks == sorted(peaks, reverse=True)  # each stage partitions more; offload moves the rest away
+    assert gpu["z3"]["est_weights_mb"] == pytest.approx(gpu["z2"]["est_weights_mb"] / 2)
+    assert gpu["z3off"]["est_peak_cpu_offload_mb"] > 15_000  # 12 bytes per parameter of optimizer state, halved
+
+
+def test_tokens_per_micro_batch_is_the_worst_case():
+    from dsnb.model import load_tokenizer
+
+    cfg = RunConfig(**dict(OFFLINE, padding="longest", batch_size=4))
+    ds = build_dataset(cfg, load_tokenizer(cfg))
+    assert tokens_per_micro_batch(cfg, ds) == 4 * max(len(x) for x in ds["input_ids"])
+    assert tokens_per_micro_batch(cfg.replace(padding="max_length"), ds) == 4 * cfg.max_length
