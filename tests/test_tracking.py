@@ -138,3 +138,21 @@ def test_resume_continues_a_killed_zero2_run_into_the_same_run(workdir):
     assert len(history) <= 7  # 6, or 7 if step 3's loss got out before the kill
     again = dsnb("run", *flags, "--resume", cwd=workdir)
     assert again.returncode == 2 and "nothing to resume" in again.stderr
+
+
+def test_two_sweeps_writing_one_store_at_once_lose_nothing(workdir):
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    code = ("import sys; from dsnb.config import OFFLINE, RunConfig; from dsnb.sweep import run_all; "
+            f"run_all([RunConfig(**dict(OFFLINE, max_steps=2, num_samples=16, logging_steps=1, save_model=False), "
+            f"tracking_uri={uri!r}, run_name=sys.argv[1] + str(i), strategy=s) "
+            "for i, s in enumerate(['baseline', 'zero1', 'baseline'])], progress=False)")
+    sweeps = [subprocess.Popen([sys.executable, "-c", code, name], cwd=workdir) for name in ("a", "b")]
+    assert [s.wait(timeout=900) for s in sweeps] == [0, 0]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    for run in runs:
+        assert run.info.status == "FINISHED", run.info.run_name
+        assert run.data.metrics["tokens_per_second"] > 0
+        assert len(client.get_metric_history(run.info.run_id, "loss")) == 2
+        assert len(run.data.params) > 30  # the whole config and the measurements' params
