@@ -138,10 +138,11 @@ def resumable_run(cfg: RunConfig) -> tuple[str, str]:
 
     from . import tracking
 
+    experiment = tracking.experiment_id(cfg)
     client = MlflowClient(cfg.tracking_uri)
     name = cfg.run_name or cfg.derived_name()
     tracking.mark_stale_runs(client)
-    runs = client.search_runs([tracking.experiment_id(cfg)], f"attributes.run_name = '{name}' and "
+    runs = client.search_runs([experiment], f"attributes.run_name = '{name}' and "
                               "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
                               order_by=["attributes.start_time DESC"])
     for run in runs:

@@ -32,10 +32,30 @@ def sqlite_path(uri: str) -> str | None:
     return uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
 
 
+_READY: set[str] = set()
+
+
+def init_store(uri: str) -> None:
+    """Create a new SQLite store's tables under a file lock: two processes migrating one fresh file collide."""
+    db = sqlite_path(uri)
+    if db is None or uri in _READY:
+        return
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    with open(db + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        MlflowClient(uri).search_experiments(max_results=1)
+    _READY.add(uri)
+
+
 def experiment_id(cfg: RunConfig) -> str:
     """Point MLflow at cfg's store and return cfg.experiment's id, creating it beside the database."""
     import mlflow
 
+    init_store(cfg.tracking_uri)
     mlflow.set_tracking_uri(cfg.tracking_uri)
     exp = mlflow.get_experiment_by_name(cfg.experiment)
     if exp is not None:
@@ -55,11 +75,12 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
     from mlflow import MlflowClient
     from mlflow.entities import Param, RunTag
 
+    experiment = experiment_id(cfg)
     client = MlflowClient(cfg.tracking_uri)
     if run_id is None:
         mark_stale_runs(client)
         owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid())}
-        run_id = client.create_run(experiment_id(cfg), run_name=cfg.run_name or cfg.derived_name(),
+        run_id = client.create_run(experiment, run_name=cfg.run_name or cfg.derived_name(),
                                    tags=owner).info.run_id
     client.log_batch(run_id, params=[Param(k, str(v)) for k, v in cfg.to_dict().items()],
                      tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
