@@ -66,6 +66,7 @@ def check_environment(cfg: RunConfig, device: str) -> None:
 
 
 def check_nvme_path(path: str) -> None:
+    """The NVMe folder exists and is writable, and DeepSpeed's async I/O (libaio) can be built."""
     if not os.path.isdir(path):
         raise ConfigError(f"nvme_path {path!r} does not exist; create it on a fast local disk or set nvme_path")
     try:
@@ -73,6 +74,18 @@ def check_nvme_path(path: str) -> None:
             pass
     except OSError:
         raise ConfigError(f"nvme_path {path!r} is not writable; pick a folder you can write to") from None
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        raise ConfigError("NVMe offload needs libaio for DeepSpeed's async I/O: run `apt-get install libaio-dev` "
+                          "(or use offload cpu)")
+
+
+def check_nvme_space(path: str, needed_mb: float) -> None:
+    free_mb = shutil.disk_usage(path).free / 2**20
+    if free_mb < needed_mb:
+        raise ConfigError(f"nvme_path {path} has {free_mb / 1024:.1f} GB free but this run offloads about "
+                          f"{needed_mb / 1024:.1f} GB; free space there or set nvme_path to a larger disk")
 
 
 def user_ds_config(cfg: RunConfig) -> dict:
@@ -192,6 +205,8 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     train_set = build_dataset(cfg, tokenizer)
     trainable, total = count_parameters(model)
     estimate = estimate_memory(cfg, model.config, trainable, tokens_per_micro_batch(cfg, train_set), world_size())
+    if cfg.uses_nvme:
+        check_nvme_space(cfg.nvme_path, estimate["est_peak_cpu_offload_mb"])
     deepspeed = None
     if cfg.zero_stage is not None:
         deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size())
