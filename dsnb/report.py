@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 
+from .tracking import mlflow_client
+
 # The tutorial's metrics first, then the ones that measure what it meant to.
 METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second", "train_steps_per_second",
            "train_loss", "peak_gpu_allocated_mb", "peak_gpu_reserved_mb", "peak_gpu_nvml_mb", "peak_cpu_rss_mb",
@@ -23,17 +25,15 @@ def run_ids(runs) -> list[str]:
 
 
 def load_runs(tracking_uri: str, runs) -> list:
-    from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     return [client.get_run(r) for r in run_ids(runs)]
 
 
 def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED")) -> list:
     """The newest run of each name in an experiment, oldest first."""
-    from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"experiment {experiment!r} has no runs in {tracking_uri}; run a variant first")
@@ -83,9 +83,8 @@ def loss_curve(client, run_id: str) -> tuple[list[int], list[float]]:
 
 def same_work(tracking_uri: str, runs, loss_tolerance: float = 0.05) -> str:
     """Check the runs did the same work: same data, seed and steps, and final losses within tolerance."""
-    from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     loaded = load_runs(tracking_uri, runs)
     lines = []
     for key in SAME_WORK:
@@ -109,9 +108,8 @@ def plot_runs(tracking_uri: str, runs, log: bool = True):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from IPython.display import Image
-    from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     loaded = load_runs(tracking_uri, runs)
     names = _names(loaded)
     metric = lambda run, key: run.data.metrics.get(key, 0.0)  # noqa: E731

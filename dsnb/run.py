@@ -19,6 +19,7 @@ import tempfile
 import traceback
 
 from .config import ConfigError, RunConfig, describe
+from .tracking import mlflow_client
 
 PROGRESS_ENV = "DSNB_PROGRESS"  # set by run_variant: the child prints step lines for the parent's bar
 STEP_PREFIX = "@@dsnb-step "
@@ -146,13 +147,12 @@ def train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> di
 
 def resumable_run(cfg: RunConfig) -> tuple[str, str]:
     """(run id, last checkpoint) of the newest FAILED or KILLED run named like cfg's that left a checkpoint."""
-    from mlflow import MlflowClient
     from transformers.trainer_utils import get_last_checkpoint
 
     from . import tracking
 
     experiment = tracking.experiment_id(cfg)
-    client = MlflowClient(cfg.tracking_uri)
+    client = mlflow_client(cfg.tracking_uri)
     name = cfg.run_name or cfg.derived_name()
     tracking.mark_stale_runs(client)
     runs = client.search_runs([experiment], f"attributes.run_name = '{name}' and "
@@ -187,8 +187,8 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
 
     from . import tracking
     from .data import build_dataset, collator
-    from .metrics import StepTimer, flops_per_token, gputil_used_mb, peak_flops
     from .estimate import estimate_memory, tokens_per_micro_batch
+    from .metrics import StepTimer, flops_per_token, gputil_used_mb, peak_flops
     from .model import count_parameters, load_model
     from .zero import ds_config
 
@@ -285,7 +285,6 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None)
 
     A child that fails or dies leaves a FAILED (or KILLED) run with its log attached; it never raises.
     """
-    from mlflow import MlflowClient
     from tqdm.auto import tqdm
 
     from . import tracking
@@ -319,7 +318,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None)
                 raise
             finally:
                 bar.close()
-        client = MlflowClient(cfg.tracking_uri)
+        client = mlflow_client(cfg.tracking_uri)
         client.log_artifact(run_id, log_file)
         if child.returncode != 0:
             tracking.finish(run_id, cfg.tracking_uri, "FAILED" if child.returncode > 0 else "KILLED")

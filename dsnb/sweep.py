@@ -18,6 +18,7 @@ import os
 
 from .config import OFFLINE, OFFLINE_ENV, ConfigError, RunConfig, describe, read_yaml
 from .run import SWEEP_RUN_ENV, run_variant
+from .tracking import mlflow_client
 
 SWEEP_KEYS = {"notebook", "base", "variants", "output_dir"}
 
@@ -71,7 +72,6 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None, p
     fails keeps its notebook and a FAILED run, and the sweep goes on.
     """
     import papermill
-    from mlflow import MlflowClient
     from tqdm.auto import tqdm
 
     from . import tracking
@@ -104,7 +104,7 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None, p
                                            cwd=os.getcwd(), progress_bar=False)
             except Exception as e:  # PapermillExecutionError and kernel deaths alike: record and go on
                 error = e
-        client = MlflowClient(cfg.tracking_uri)
+        client = mlflow_client(cfg.tracking_uri)
         client.log_artifact(run_id, executed)
         if error is not None:
             client.set_tag(run_id, "notebook_error", describe(error, 500))
@@ -119,11 +119,10 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None, p
 
 def finished_run(cfg: RunConfig, sweep: str):
     """The FINISHED run of this sweep with cfg's name and exactly cfg's params, if there is one."""
-    from mlflow import MlflowClient
 
     from . import tracking
 
-    client = MlflowClient(cfg.tracking_uri)
+    client = mlflow_client(cfg.tracking_uri)
     name = cfg.run_name or cfg.derived_name()
     for run in client.search_runs([tracking.experiment_id(cfg)], f"tags.sweep = '{sweep}' and attributes.run_name = "
                                   f"'{name}' and attributes.status = 'FINISHED'"):

@@ -35,6 +35,22 @@ def sqlite_path(uri: str) -> str | None:
 _READY: set[str] = set()
 
 
+def resolve_uri(uri: str) -> str:
+    """A sqlite:/// URI with an absolute path: MLflow caches stores by URI string, so a relative one
+    would keep writing to the first working directory's file after a chdir (a notebook's, a test's)."""
+    db = sqlite_path(uri)
+    return f"sqlite:///{os.path.abspath(db)}" if db is not None else uri
+
+
+def mlflow_client(uri: str):
+    """An MlflowClient for `uri`, relative SQLite paths resolved against the working directory now."""
+    from mlflow import MlflowClient
+
+    uri = resolve_uri(uri)
+    init_store(uri)
+    return MlflowClient(uri)
+
+
 def init_store(uri: str) -> None:
     """Create a new SQLite store's tables under a file lock: two processes migrating one fresh file collide."""
     db = sqlite_path(uri)
@@ -55,8 +71,8 @@ def experiment_id(cfg: RunConfig) -> str:
     """Point MLflow at cfg's store and return cfg.experiment's id, creating it beside the database."""
     import mlflow
 
-    init_store(cfg.tracking_uri)
-    mlflow.set_tracking_uri(cfg.tracking_uri)
+    init_store(resolve_uri(cfg.tracking_uri))
+    mlflow.set_tracking_uri(resolve_uri(cfg.tracking_uri))
     exp = mlflow.get_experiment_by_name(cfg.experiment)
     if exp is not None:
         return exp.experiment_id
@@ -72,11 +88,10 @@ def experiment_id(cfg: RunConfig) -> str:
 
 def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = None) -> str:
     """Open a RUNNING run named for cfg (or take the open run `run_id`), log the whole config as params."""
-    from mlflow import MlflowClient
     from mlflow.entities import Param, RunTag
 
     experiment = experiment_id(cfg)
-    client = MlflowClient(cfg.tracking_uri)
+    client = mlflow_client(cfg.tracking_uri)
     if run_id is None:
         mark_stale_runs(client)
         owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid())}
@@ -122,9 +137,7 @@ def mark_stale_runs(client) -> list[str]:
 
 def finish(run_id: str, tracking_uri: str, status: str) -> None:
     """Mark a run ended (FINISHED, FAILED or KILLED) if its process could not."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     if client.get_run(run_id).info.status == "RUNNING":
         client.set_terminated(run_id, status=status)
 

@@ -156,3 +156,17 @@ def test_two_sweeps_writing_one_store_at_once_lose_nothing(workdir):
         assert run.data.metrics["tokens_per_second"] > 0
         assert len(client.get_metric_history(run.info.run_id, "loss")) == 2
         assert len(run.data.params) > 30  # the whole config and the measurements' params
+
+
+def test_a_relative_store_follows_the_working_directory(tmp_path, monkeypatch):
+    """MLflow caches stores by URI string: sqlite:///mlflow.db must not keep writing to the first folder."""
+    cfg = RunConfig(**OFFLINE)
+    ids = {}
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        ids[name] = create_run(cfg.replace(run_name=name))
+    for name, run_id in ids.items():
+        client = mlflow.MlflowClient(f"sqlite:///{tmp_path / name}/mlflow.db")
+        runs = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+        assert [r.info.run_id for r in runs] == [run_id]
