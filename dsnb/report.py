@@ -25,14 +25,12 @@ def run_ids(runs) -> list[str]:
 
 
 def load_runs(tracking_uri: str, runs) -> list:
-
     client = mlflow_client(tracking_uri)
     return [client.get_run(r) for r in run_ids(runs)]
 
 
 def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED")) -> list:
     """The newest run of each name in an experiment, oldest first."""
-
     client = mlflow_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -83,7 +81,6 @@ def loss_curve(client, run_id: str) -> tuple[list[int], list[float]]:
 
 def same_work(tracking_uri: str, runs, loss_tolerance: float = 0.05) -> str:
     """Check the runs did the same work: same data, seed and steps, and final losses within tolerance."""
-
     client = mlflow_client(tracking_uri)
     loaded = load_runs(tracking_uri, runs)
     lines = []
