@@ -243,12 +243,11 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
                       callbacks=[Callback()])
     if log:
         mlflow.log_metrics(estimate)  # before training, so a run that dies still has its estimate
-    if log and checkpoint:
-        mlflow.set_tag("resumed_from", checkpoint)
-    if log:
         mlflow.log_params({"trainable_params": trainable, "total_params": total, "device": device,
                            "mfu_convention": "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"})
         tracking.log_json(tracking.environment(device), "environment.json")
+        if checkpoint:
+            mlflow.set_tag("resumed_from", checkpoint)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     mem.sample()
     samples_per_step = cfg.batch_size * cfg.grad_accum * world_size()

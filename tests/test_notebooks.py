@@ -133,3 +133,12 @@ variants:
     names = [r.info.run_name for r in client.search_runs(
         [client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])]
     assert sorted(names) == ["broken", "broken", "zero1"]  # the failed variant ran again, the finished one did not
+
+
+@pytest.mark.integration
+def test_colab_setup_keeps_torch_and_reports_deepspeed():
+    done = subprocess.run(["bash", str(NOTEBOOKS.parent / "colab_setup.sh")], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert " kept" in done.stdout and "DeepSpeed general environment info" in done.stdout
+    assert "No GPU visible" in done.stdout  # what a Colab user without a GPU runtime is told
