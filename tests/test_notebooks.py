@@ -141,4 +141,7 @@ def test_colab_setup_keeps_torch_and_reports_deepspeed():
                           timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert " kept" in done.stdout and "DeepSpeed general environment info" in done.stdout
-    assert "No GPU visible" in done.stdout  # what a Colab user without a GPU runtime is told
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "No GPU visible" in done.stdout  # what a Colab user without a GPU runtime is told
