@@ -154,10 +154,10 @@ class RunConfig:
             fail("ds_config", "is set but strategy is baseline; pick a zero strategy")
         if stage is None and offloading:
             fail("strategy", "baseline cannot offload; use zero1-3 for offload_optimizer, zero3 for offload_param")
-        if stage == 0 and offloading:
-            fail("offload_optimizer", "needs ZeRO stage 1 or more; use strategy zero1, zero2 or zero3")
         if self.offload_param != "none" and stage != 3:
             fail("offload_param", f"needs strategy zero3 (got {self.strategy}); set offload_param none or strategy zero3")
+        if stage == 0 and offloading:
+            fail("offload_optimizer", "needs ZeRO stage 1 or more; use strategy zero1, zero2 or zero3")
         if self.offload_optimizer == "nvme" and stage != 3:
             fail("offload_optimizer", "nvme needs strategy zero3 (below it DeepSpeed quietly uses the CPU); use cpu or zero3")
         if self.quantization == "8bit" and stage == 3:
