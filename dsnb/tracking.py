@@ -24,15 +24,11 @@ from .config import RunConfig
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
 PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "datasets", "mlflow",
             "mlflow-skinny", "tokenizers", "GPUtil", "nvidia-ml-py", "papermill", "dsnb")
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
 
 
 def sqlite_path(uri: str) -> str | None:
     """The database file of a sqlite:/// URI, else None."""
     return uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
-
-
-_READY: set[str] = set()
 
 
 def resolve_uri(uri: str) -> str:
@@ -49,6 +45,9 @@ def mlflow_client(uri: str):
     uri = resolve_uri(uri)
     init_store(uri)
     return MlflowClient(uri)
+
+
+_READY: set[str] = set()  # stores this process has already seen created
 
 
 def init_store(uri: str) -> None:
@@ -71,8 +70,9 @@ def experiment_id(cfg: RunConfig) -> str:
     """Point MLflow at cfg's store and return cfg.experiment's id, creating it beside the database."""
     import mlflow
 
-    init_store(resolve_uri(cfg.tracking_uri))
-    mlflow.set_tracking_uri(resolve_uri(cfg.tracking_uri))
+    uri = resolve_uri(cfg.tracking_uri)
+    init_store(uri)
+    mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(cfg.experiment)
     if exp is not None:
         return exp.experiment_id
