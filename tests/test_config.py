@@ -1,3 +1,5 @@
+import pathlib
+
 import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig, field_docs, field_names
@@ -64,3 +66,17 @@ def test_offline_preset_is_valid_and_derived_names_differ():
         {}, dict(strategy="zero2", offload_optimizer="cpu"), dict(strategy="zero3", offload_param="cpu",
                                                                    quantization="4bit"))}
     assert len(names) == 3
+
+
+@pytest.mark.parametrize("path", sorted((pathlib.Path(__file__).parent.parent / "variants").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_variant_file_loads_and_names_its_command(path):
+    from dsnb.sweep import load_sweep
+
+    first = open(path).readline()
+    assert first.startswith("# python -m dsnb "), first
+    if "sweep" in first:
+        _, cfgs, _ = load_sweep(str(path), offline=True)
+        assert len(cfgs) >= 2
+    else:
+        RunConfig.from_yaml(str(path))
