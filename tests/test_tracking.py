@@ -77,7 +77,7 @@ def test_export_reads_back_elsewhere_and_never_overwrites(workdir, monkeypatch):
     [before] = original.search_runs([original.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
     os.rename(workdir / "mlartifacts", workdir / "moved-away")  # the copy must not lean on the original
     monkeypatch.chdir(elsewhere)
-    copy = mlflow.MlflowClient("sqlite:///mlflow.db")
+    copy = mlflow.MlflowClient(f"sqlite:///{elsewhere}/mlflow.db")
     [after] = copy.search_runs([copy.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
     assert after.info.run_id == before.info.run_id and after.data.params == before.data.params
     assert after.data.metrics == before.data.metrics
