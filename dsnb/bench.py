@@ -1,11 +1,13 @@
 """The benchmark: the tutorial's recipe against dsnb's fast recipe, each variant in its own process, repeated.
 
     python -m dsnb bench                         # on a GPU: writes benchmarks/results/<gpu>.json and .md
+    python -m dsnb bench --gpus 2                # two variants at a time, one per GPU (same GPU model)
     python -m dsnb bench --offline --repeats 2   # the same on the CPU with synthetic:tiny
 
 Every variant uses the tutorial's LoRA settings, learning rate, seed, data and effective batch of 8 (the
-throughput mode excepted), and runs warm-up steps before the timed ones. Ratios are to the tutorial's
-recipe measured in the same invocation; absolute times on a shared machine are noise.
+throughput mode excepted), and runs warm-up steps before the timed ones (the compiled variants compile
+in the first and record their CUDA graphs in the second). Ratios are to the tutorial's recipe measured
+in the same invocation; absolute times on a shared machine are noise.
 """
 from __future__ import annotations
 
@@ -19,13 +21,18 @@ from .config import OFFLINE, RunConfig
 # dsnb's fast recipe: bf16 weights instead of 8-bit, each batch padded only to its longest sample, and
 # one micro-batch of 8 instead of 2 x 4 accumulation (same effective batch, a quarter of the steps).
 FAST = dict(quantization="none", dtype="bf16", padding="longest", batch_size=8, grad_accum=1)
+# ... then dsnb's compiled loop instead of the Trainer's step: one fixed shape (8 x 64 tokens), CUDA graphs.
+COMPILED = dict(FAST, padding="bucket", compile=True)
 VARIANTS = {
     "tutorial": {},
     "tutorial_zero2_offload": dict(strategy="zero2", offload_optimizer="cpu"),
     "fast": FAST,
     "fast_zero2": dict(FAST, strategy="zero2"),
-    "throughput_b64": dict(FAST, batch_size=64),
+    "fast_compiled": COMPILED,
+    # The throughput mode: 256 samples a step, packed into rows of 512 tokens with no padding between them.
+    "throughput_compiled": dict(COMPILED, padding="packed", batch_size=256),
 }
+OFFLINE_MAX_BATCH = 16  # the offline set has 64 samples
 GPU_BASE = dict(model="synthetic:llama-3.2-3b", dataset="synthetic", num_samples=1000)
 
 
@@ -39,6 +46,8 @@ def bench_configs(offline: bool, warmup: int, steps: int, tracking_uri: str) -> 
         values = {**base, **changes}
         if offline and values["dtype"] == "bf16":
             values["dtype"] = "fp32"
+        if offline:
+            values["batch_size"] = min(values.get("batch_size", RunConfig.batch_size), OFFLINE_MAX_BATCH)
         cfgs[name] = RunConfig(**values, run_name=name)
     return cfgs
 
@@ -55,20 +64,43 @@ def summarize(name: str, results: list[dict]) -> dict:
         row[key] = statistics.median(values) if values else None
         if key in ("samples_per_second", "step_time_ms") and values:
             row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
+    row["wall_seconds"] = statistics.median(r["wall_seconds"] for r in results) if results else None
     return row
 
 
-def run_bench(offline: bool = False, repeats: int = 3, warmup: int = 2, steps: int = 10, only: list[str] | None = None,
-              out_dir: str = "benchmarks/results", tracking_uri: str = "sqlite:///mlflow.db") -> dict:
-    from .run import pick_device, run_variant
+def regressions(result: dict, baseline: dict, slack: float = 0.5, pair_seconds: float = 300) -> list[str]:
+    """What got worse than a committed bench result: failed runs, a speed-up to the tutorial's recipe
+    below `slack` times the committed one, or the offline tutorial pair taking over `pair_seconds`."""
+    problems, committed = [], {v["name"]: v for v in baseline["variants"]}
+    for row in result["variants"]:
+        name, ref = row["name"], committed.get(row["name"], {})
+        if row["finished"] < row["repeats"]:
+            problems.append(f"{name}: {row['finished']}/{row['repeats']} runs finished")
+        if ref.get("ratio_to_tutorial") and (row["ratio_to_tutorial"] or 0) < slack * ref["ratio_to_tutorial"]:
+            problems.append(f"{name}: {row['ratio_to_tutorial'] or 0:.2f}x the tutorial's recipe, "
+                            f"committed {ref['ratio_to_tutorial']:.2f}x")
+    pair = [r["wall_seconds"] for r in result["variants"] if r["name"] in ("tutorial", "tutorial_zero2_offload")]
+    if len(pair) == 2 and sum(pair) > pair_seconds:
+        problems.append(f"the tutorial pair took {sum(pair):.0f} s (each run's process, start to end); "
+                        f"it must stay under {pair_seconds:.0f} s")
+    return problems
+
+
+def run_bench(offline: bool = False, repeats: int = 3, warmup: int = 3, steps: int = 10, only: list[str] | None = None,
+              out_dir: str = "benchmarks/results", tracking_uri: str = "sqlite:///mlflow.db", gpus: int = 1) -> dict:
+    """Run every variant `repeats` times, interleaved, `gpus` at a time (each run on a GPU of its own)."""
+    from .run import pick_device
+    from .sweep import run_all
 
     cfgs = bench_configs(offline, warmup, steps, tracking_uri)
     names = only or list(cfgs)
+    # Interleaved, so drift on a shared machine hits every variant alike.
+    jobs = [(repeat, name) for repeat in range(repeats) for name in names]
+    results = run_all([cfgs[name] for _, name in jobs], progress=True, gpus=gpus,
+                      tags=[{"bench_repeat": repeat} for repeat, _ in jobs])
     runs: dict[str, list[dict]] = {n: [] for n in names}
-    for repeat in range(repeats):  # interleaved, so drift on a shared machine hits every variant alike
-        for name in names:
-            print(f"[bench] repeat {repeat + 1}/{repeats}: {name}", flush=True)
-            runs[name].append(run_variant(cfgs[name], progress=False, tags={"bench_repeat": repeat}))
+    for (_, name), result in zip(jobs, results):
+        runs[name].append(result)
     rows = [summarize(n, runs[n]) for n in names]
     base = next((r for r in rows if r["name"] == "tutorial"), None)
     for row in rows:
@@ -81,7 +113,7 @@ def run_bench(offline: bool = False, repeats: int = 3, warmup: int = 2, steps: i
 
         gpu = torch.cuda.get_device_name(device)
     command = "python -m dsnb bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "python -m dsnb bench"
-    result = {"gpu": gpu, "command": command, "warmup_steps": warmup, "timed_steps": steps,
+    result = {"gpu": gpu, "command": command, "warmup_steps": warmup, "timed_steps": steps, "gpus_side_by_side": gpus,
               "mfu_convention": "model FLOPs per real token (6N full, 4N + 6N_trainable LoRA; N = matmul weights) "
                                 "/ dense bf16 datasheet peak",
               "variants": rows}
@@ -100,7 +132,9 @@ def markdown(result: dict) -> str:
 
     lines = [f"# dsnb bench on {result['gpu']}", "", f"    {result['command']}", "",
              f"{result['warmup_steps']} warm-up steps, then {result['timed_steps']} timed optimizer steps; each "
-             "variant in its own process; medians over the repeats (min-max in brackets).", "",
+             "variant in its own process" + (f", {result['gpus_side_by_side']} at a time on GPUs of their own"
+                                            if result.get("gpus_side_by_side", 1) > 1 else "")
+             + "; medians over the repeats (min-max in brackets).", "",
              "| variant | samples/s | real tokens/s | MFU | step ms | peak alloc MB | peak NVML MB | final loss | "
              "vs tutorial | runs ok |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["variants"]:

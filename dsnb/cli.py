@@ -3,6 +3,7 @@
     python -m dsnb run --offline --strategy zero3 --offload_param cpu    # one variant, one MLflow run
     python -m dsnb compare --offline                                     # the tutorial's pair, then a table
     python -m dsnb sweep -f variants/sweep_zero_stages.yaml --offline    # papermill, one kernel per variant
+    python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2       # model x variant x budget map
     python -m dsnb export -o dsnb_mlflow.zip                             # the store in one zip
     python -m dsnb ui                                                    # how to open MLflow's UI locally
 
@@ -46,6 +47,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
 def main(argv: list[str] | None = None) -> int:
     common = config_parser()
     parser = argparse.ArgumentParser(prog="python -m dsnb", description="What DeepSpeed buys you, measured.")
+    # DeepSpeed's launcher passes --local_rank=N before the command (it also sets LOCAL_RANK, which dsnb reads).
+    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
     run.add_argument("--resume", action="store_true", help="continue the newest failed or killed run of this "
@@ -57,11 +60,18 @@ def main(argv: list[str] | None = None) -> int:
                            "benchmarks/results/<gpu>.json and .md")
     bench.add_argument("--offline", action="store_true", help="synthetic:tiny on the CPU instead of the 3B shape")
     bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
+    bench.add_argument("--gpus", type=int, default=1, help="variants run side by side, one per GPU")
     bench.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     bench.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     bench.add_argument("--out", default="benchmarks/results")
+    bench.add_argument("--baseline", default="", help="a committed bench JSON: exit 1 where this run regressed "
+                       "from it (speed-up to the tutorial's recipe halved, failed runs, a slow tutorial pair)")
     bench.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    capacity = sub.add_parser("capacity", parents=[common], help="model x variant x memory budget: which fit, "
+                              "how fast; a table, a PNG and the fastest fitting variant per budget")
+    capacity.add_argument("--gpus", type=int, default=1, help="runs side by side, one per GPU")
+    capacity.add_argument("--out", default="capacity_map", help="folder for capacity.md/.csv/.png (not overwritten)")
     export = sub.add_parser("export", help="zip the MLflow store for download")
     export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
@@ -76,9 +86,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args) -> int:
-    from .run import train
+    from .run import gpu_ids, run_variant, train
 
     cfg = build_config(args)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    if "WORLD_SIZE" not in os.environ and cfg.num_gpus == 1:  # before CUDA starts: one process, one GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), 1)[0]
+    if cfg.num_gpus > 1 and "WORLD_SIZE" not in os.environ:  # not under a launcher yet: start one
+        if args.resume:
+            raise ConfigError("--resume runs in one process; start it under deepspeed or torchrun yourself")
+        return 0 if run_variant(cfg)["status"] == "FINISHED" else 1
     try:
         metrics = train(cfg, resume=args.resume)
     except ConfigError:
@@ -129,10 +147,34 @@ def cmd_bench(args) -> int:
     unknown = [n for n in only if n not in VARIANTS]
     if unknown:
         raise ConfigError(f"--only {unknown[0]} is not a bench variant; use {', '.join(VARIANTS)}")
+    baseline = None
+    if args.baseline:  # read before the run, which may write the same file
+        import json
+
+        with open(args.baseline) as f:
+            baseline = json.load(f)
     result = run_bench(args.offline or offline_requested(), args.repeats, args.warmup, args.steps, only or None,
-                       args.out, args.tracking_uri)
+                       args.out, args.tracking_uri, args.gpus)
     print(markdown(result))
+    if baseline is not None:
+        from .bench import regressions
+
+        problems = regressions(result, baseline)
+        print("\n".join(f"REGRESSION {p}" for p in problems) or f"no regression against {args.baseline}")
+        return 1 if problems else 0
     return 0 if all(r["finished"] == r["repeats"] for r in result["variants"]) else 1
+
+
+def cmd_capacity(args) -> int:
+    from .capacity import md_table, run_capacity
+
+    if not args.file:
+        raise ConfigError("capacity needs -f <capacity.yaml>, for example variants/capacity_map.yaml")
+    overrides = {k: v for k, v in vars(args).items() if k in field_names()}
+    table, fastest, _ = run_capacity(args.file, args.offline or offline_requested(), args.gpus, overrides, args.out)
+    print(md_table(table.drop(columns=["run_id"])), md_table(fastest), sep="\n\n")
+    print(f"\nwrote {args.out}/capacity.md, .csv and .png")
+    return 0
 
 
 def cmd_export(args) -> int:
@@ -154,4 +196,5 @@ def cmd_ui(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "bench": cmd_bench, "export": cmd_export, "ui": cmd_ui}
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "bench": cmd_bench, "capacity": cmd_capacity,
+            "export": cmd_export, "ui": cmd_ui}

@@ -20,7 +20,7 @@ STRATEGIES = ("baseline", "zero0", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "cpu", "nvme")
 QUANTIZATIONS = ("none", "8bit", "4bit")
 DTYPES = ("fp32", "bf16", "fp16")
-PADDINGS = ("max_length", "longest")
+PADDINGS = ("max_length", "longest", "bucket", "packed")
 
 # The offline default (no GPU, no hub): a few-MB Llama, the synthetic SQuAD-format set and a short
 # run, so the tutorial's comparison finishes in minutes on 2 CPU cores. fp16 needs a GPU, so fp32.
@@ -66,13 +66,15 @@ class RunConfig:
     num_samples: int = 1000
     """Rows taken from the start of the train split."""
     padding: str = "max_length"
-    """max_length pads every sample to max_length; longest pads each batch to its longest sample."""
+    """max_length pads every sample to max_length; longest pads each batch to its longest sample; bucket pads it to the next multiple of 64 tokens (few shapes, for compile); packed puts samples end to end in rows of max_length tokens (no padding between them)."""
     max_length: int = 512
     """Truncation length in tokens (also the padded length when padding is max_length)."""
     batch_size: int = 2
     """Micro-batch per device."""
     grad_accum: int = 4
     """Micro-batches accumulated per optimizer step."""
+    compile: bool = False
+    """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step; needs strategy baseline, quantization none, dtype bf16 or fp32, padding bucket, packed or max_length."""
     learning_rate: float = 2e-4
     """Peak learning rate (linear decay, no warm-up)."""
     epochs: float = 5.0
@@ -87,6 +89,8 @@ class RunConfig:
     """Steps left out of the steady-state throughput (the first steps pay for start-up)."""
     memory_budget_gb: float = 0.0
     """Cap on this run's GPU memory in GB (15 for a T4, 22 for an L4); 0 means the whole GPU."""
+    num_gpus: int = 1
+    """Processes, one per GPU, started with torchrun; under deepspeed or torchrun yourself, the launcher decides (without GPUs, CPU processes)."""
     seed: int = 42
     """Seed for model init, data order and dropout."""
     tracking_uri: str = "sqlite:///mlflow.db"
@@ -108,7 +112,7 @@ class RunConfig:
             if getattr(self, name) not in allowed:
                 fail(name, f"is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
         for name in ("num_samples", "max_length", "batch_size", "grad_accum", "lora_alpha",
-                     "logging_steps"):
+                     "logging_steps", "num_gpus"):
             if getattr(self, name) <= 0:
                 fail(name, f"is {getattr(self, name)}; it must be a positive number")
         for name in ("lora_r", "max_steps", "warmup_steps", "checkpoint_steps"):
@@ -162,6 +166,16 @@ class RunConfig:
             fail("offload_optimizer", "nvme needs strategy zero3 (below it DeepSpeed quietly uses the CPU); use cpu or zero3")
         if self.quantization == "8bit" and stage == 3:
             fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
+        if self.compile:
+            fixed = ("bucket", "packed", "max_length")
+            for name, ok, hint in (("strategy", stage is None, "baseline (DeepSpeed runs its own engine)"),
+                                   ("quantization", self.quantization == "none", "none (bitsandbytes kernels break the graph)"),
+                                   ("dtype", self.dtype != "fp16", "bf16 or fp32 (fp16 needs a loss scaler)"),
+                                   ("padding", self.padding in fixed, "bucket, packed or max_length (fixed shapes)"),
+                                   ("checkpoint_steps", not self.checkpoint_steps, "0 (the compiled loop keeps no checkpoints)"),
+                                   ("num_gpus", self.num_gpus == 1, "1 (the compiled loop runs one process)")):
+                if not ok:
+                    fail(name, f"is {getattr(self, name)!r} but compile needs {hint}; change it or set compile false")
         if self.quantization != "none" and self.lora_r == 0:
             fail("quantization", f"{self.quantization} weights cannot be trained directly; set lora_r > 0 (LoRA) or quantization none")
 
@@ -185,6 +199,8 @@ class RunConfig:
         if self.quantization != "none":
             parts.append(self.quantization)
         parts.append(self.dtype)
+        if self.compile:
+            parts.append("compiled")
         return "_".join(parts)
 
     def to_dict(self) -> dict:

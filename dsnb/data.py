@@ -2,7 +2,7 @@
 
     rows = load_records(cfg)                     # [{"question": ..., "answers": {"text": [...]}}, ...]
     train_set = build_dataset(cfg, tokenizer)    # input_ids / attention_mask / labels (padding ignored)
-    collate = collator(tokenizer)                # pads each batch to its longest sample (no-op at max_length)
+    collate = collator(tokenizer, cfg)           # pads (or packs) each batch as cfg.padding says
 """
 from __future__ import annotations
 
@@ -93,11 +93,64 @@ def build_dataset(cfg: RunConfig, tokenizer, rows: list[dict] | None = None):
                                        "attention_mask": encoded["attention_mask"], "labels": labels})
 
 
-def collator(tokenizer):
-    """Pads input ids with the pad token, the mask with 0 and labels with -100, to the batch's longest row."""
+BUCKET = 64  # padding "bucket" rounds each batch's length up to a multiple of this
+
+
+def collator(tokenizer, cfg: RunConfig):
+    """Batches of input ids, labels (-100 where nothing is predicted) and a mask or position ids.
+
+    max_length/longest/bucket pad to the batch's longest row (rounded up to BUCKET for bucket);
+    packed puts the samples end to end in rows of cfg.max_length tokens.
+    """
+    if cfg.padding == "packed":
+        return PackedCollator(tokenizer.pad_token_id, cfg.max_length)
     from transformers import DataCollatorForSeq2Seq
 
-    return DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100)
+    return DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100,
+                                  pad_to_multiple_of=BUCKET if cfg.padding == "bucket" else None)
+
+
+class PackedCollator:
+    """Packs a batch's samples end to end into rows of `row_length` tokens, with no padding between them.
+
+    Position ids restart at 0 for each sample; with no attention mask, transformers then builds a
+    block-diagonal causal mask from them, so no sample sees another. Each sample's first token gets
+    label -100, as nothing predicts it in a padded batch either: the loss covers the same tokens.
+    The last row's tail is padding (label -100, its own positions).
+    """
+
+    def __init__(self, pad_id: int, row_length: int):
+        self.pad_id, self.row_length = pad_id, row_length
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        rows: list[tuple[list, list, list]] = []
+        ids, labels, positions = [], [], []
+        for f in features:
+            sample = list(f["input_ids"])
+            if ids and len(ids) + len(sample) > self.row_length:
+                rows.append((ids, labels, positions))
+                ids, labels, positions = [], [], []
+            ids += sample
+            labels += [-100] + list(f["labels"])[1:]
+            positions += range(len(sample))
+        rows.append((ids, labels, positions))
+        width = max(self.row_length, max(len(r[0]) for r in rows))
+        out = {"input_ids": [], "labels": [], "position_ids": []}
+        for ids, labels, positions in rows:
+            pad = width - len(ids)
+            out["input_ids"].append(ids + [self.pad_id] * pad)
+            out["labels"].append(labels + [-100] * pad)
+            out["position_ids"].append(positions + list(range(pad)))
+        return {k: torch.tensor(v) for k, v in out.items()}
+
+
+def real_tokens(batch: dict, pad_id: int):
+    """Non-padding tokens in a collated batch, as a tensor (no host sync)."""
+    if "attention_mask" in batch:
+        return batch["attention_mask"].sum()
+    return (batch["input_ids"] != pad_id).sum()
 
 
 # --- the offline SQuAD-format generator ------------------------------------------------------------

@@ -8,10 +8,13 @@ are stored in 1 and ~0.5 bytes, and that activations and the 128k-vocab logits o
 terms (bytes):
   weights      N x 2 or 4 (dtype); quantized: linear weights x 1 (8bit) or 0.53 (4bit NF4 + scales), the rest x 2
   trainable T  LoRA adapters are fp32 (peft) and add their own T x 4; full fine-tuning trains the loaded dtype
-  gradients    T x bytes(trainable); ZeRO-2/3 split them across GPUs; with optimizer offload only the
-               reduce buckets (2 x 5e8 elements x 2 bytes, DeepSpeed's default) stay on the GPU
+  gradients    T x bytes(trainable); DDP (baseline on several GPUs) keeps a second copy in its buckets;
+               ZeRO-2/3 split them across GPUs; with optimizer offload only the reduce buckets
+               (2 x 5e8 elements x 2 bytes, DeepSpeed's default) stay on the GPU
   optimizer    torch AdamW: 2 states in the parameter dtype plus one parameter-sized temporary (foreach);
-               DeepSpeed with bf16/fp16: fp32 master + 2 fp32 states = 12 T, split from stage 1, on the CPU if offloaded
+               DeepSpeed with bf16/fp16: fp32 master + 2 fp32 states = 12 T, and an fp32 gradient copy 4 T
+               (measured on the H200: 71.9 GB for 3B full fine-tuning under ZeRO-1 on one GPU), split from
+               stage 1, on the CPU if offloaded
   activations  per token and layer (8 h + 4 i) elements in the compute dtype (attention and MLP inputs,
                SwiGLU's gate, up and product), plus (5 h + i) half-precision elements that bitsandbytes'
                8-bit matmuls keep for backward; logits: V x (2 + 4 + 4) bytes per token (logits, their
@@ -22,6 +25,8 @@ Tokens per micro-batch are the worst case: batch x max_length with max_length pa
 longest sample otherwise. The CUDA context (~0.5 GB) is outside the allocator and not counted.
 """
 from __future__ import annotations
+
+import math
 
 from .config import RunConfig
 
@@ -50,11 +55,14 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     stage = cfg.zero_stage
     mixed = stage is not None and cfg.dtype != "fp32"
     states = 12 * trainable if mixed else 2 * trainable * trainable_bytes
-    optimizer = states if mixed else states + grads  # torch's foreach AdamW makes a parameter-sized temporary
+    # DeepSpeed adds its fp32 gradient copy; torch's foreach AdamW makes a parameter-sized temporary.
+    optimizer = states + 4 * trainable if mixed else states + grads
 
     gpu_weights, cpu_weights = weights, 0.0
-    gpu_grads, cpu_grads = grads, 0.0
+    gpu_grads = grads
     gpu_opt, cpu_opt = optimizer, 0.0
+    if stage is None and world_size > 1:
+        gpu_grads = 2 * grads  # DDP's gradient buckets hold a second copy of every gradient
     if stage is not None and stage >= 1:
         gpu_opt = optimizer / world_size
     if stage is not None and stage >= 2:
@@ -62,8 +70,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     if stage == 3:
         gpu_weights = weights / world_size
     if cfg.offload_optimizer != "none":
-        cpu_opt, gpu_opt = optimizer / world_size, 0.0
-        cpu_grads = 4 * trainable / world_size  # fp32 gradient partition for the CPU optimizer
+        cpu_opt, gpu_opt = optimizer / world_size, 0.0  # the fp32 gradient copy moves with it
         gpu_grads = min(gpu_grads, BUCKET_BYTES)
     if cfg.offload_param != "none":  # the GPU holds what ZeRO-3 keeps live: stage3_max_live_parameters (1e9)
         cpu_weights, gpu_weights = weights / world_size, min(weights, 1e9 * load_bytes)
@@ -71,14 +78,21 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     per_token_layer = (8 * h + 4 * inter) * half + ((5 * h + inter) * 2 if cfg.quantization == "8bit" else 0)
     activations = tokens_per_micro_batch * (layers * per_token_layer + vocab * (half + 8))
     gpu = gpu_weights + gpu_grads + gpu_opt + activations
-    cpu = cpu_weights + cpu_grads + cpu_opt
+    cpu = cpu_weights + cpu_opt
     return {"est_peak_gpu_mb": gpu / MB, "est_peak_cpu_offload_mb": cpu / MB, "est_weights_mb": gpu_weights / MB,
             "est_grads_mb": gpu_grads / MB, "est_optimizer_mb": gpu_opt / MB, "est_optimizer_states_mb": states / MB,
             "est_activations_mb": activations / MB}
 
 
 def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
-    """The largest micro-batch in tokens: padded rows, or the longest real rows."""
+    """The largest micro-batch in tokens: padded rows, or the longest real rows (rounded as collated)."""
+    from .data import BUCKET
+
     if cfg.padding == "max_length":
         return cfg.batch_size * cfg.max_length
-    return cfg.batch_size * max(sum(mask) for mask in dataset["attention_mask"])
+    longest = max(sum(mask) for mask in dataset["attention_mask"])
+    if cfg.padding == "bucket":
+        return cfg.batch_size * math.ceil(longest / BUCKET) * BUCKET
+    if cfg.padding == "packed":
+        return math.ceil(cfg.batch_size * longest / cfg.max_length) * cfg.max_length
+    return cfg.batch_size * longest

@@ -41,9 +41,8 @@ class PeakMemory:
             import pynvml
             import torch
 
-            pynvml.nvmlInit()
             index = torch.device(self.device).index or 0
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._handle = nvml_handle(index)
             # Device-wide use before this run touched the GPU; the run's share (its context included)
             # is the rise above it.
             self.nvml_start = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
@@ -86,15 +85,40 @@ class PeakMemory:
         return out
 
 
+def gather_ranks(summary: dict) -> dict:
+    """Every rank's peaks as <metric>_rank<r>, and each peak as its largest over the ranks (the GPU that must fit)."""
+    import torch.distributed as dist
+
+    ranks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, summary)
+    out = {f"{k}_rank{r}": v for r, peaks in enumerate(ranks) for k, v in peaks.items()}
+    out.update({k: max(peaks[k] for peaks in ranks) for k in summary})
+    return out
+
+
+def gpu_uuid(index: int) -> str:
+    """NVML's id of torch's cuda:index; NVML and nvidia-smi ignore CUDA_VISIBLE_DEVICES, so indices differ."""
+    import torch
+
+    return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+
+
+def nvml_handle(index: int):
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid(index))
+
+
 def gputil_used_mb(index: int = 0) -> float:
     """GPU memory in use as GPUtil (nvidia-smi) reports it: the tutorial's before/after reading."""
     import GPUtil
+    import torch
 
-    try:
-        gpus = GPUtil.getGPUs()
-    except Exception:  # no nvidia-smi: a CPU machine
+    if not torch.cuda.is_available():
         return 0.0
-    return float(gpus[index].memoryUsed) if len(gpus) > index else 0.0
+    uuid = gpu_uuid(index)
+    return next((float(g.memoryUsed) for g in GPUtil.getGPUs() if g.uuid == uuid), 0.0)
 
 
 def matmul_params(config) -> int:

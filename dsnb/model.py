@@ -133,7 +133,7 @@ def load_model(cfg: RunConfig, device: str):
             bnb_4bit_compute_dtype=dtype,
             # ZeRO-3 partitions the packed 4-bit weights as tensors of this dtype; it must match the rest.
             bnb_4bit_quant_storage=dtype)
-    if cfg.quantization != "none":
+    if cfg.quantization != "none" and cfg.zero_stage != 3:  # under ZeRO-3, DeepSpeed places the weights
         kwargs["device_map"] = {"": device}  # bitsandbytes quantizes while placing the weights
     try:
         model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), **kwargs)
@@ -154,8 +154,11 @@ def load_model(cfg: RunConfig, device: str):
 
 
 def count_parameters(model) -> tuple[int, int]:
-    """(trainable, total) parameter counts; 4-bit weights are counted at their unpacked size."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.quant_state.shape.numel() if getattr(p, "quant_state", None) else p.numel()
-                for p in model.parameters())
-    return trainable, total
+    """(trainable, total) parameter counts at full size: 4-bit weights unpacked, ZeRO-3 partitions whole."""
+    def size(p) -> int:
+        if getattr(p, "quant_state", None):
+            return p.quant_state.shape.numel()
+        return getattr(p, "ds_numel", None) or p.numel()
+
+    params = list(model.parameters())
+    return sum(size(p) for p in params if p.requires_grad), sum(size(p) for p in params)

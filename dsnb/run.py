@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 from .config import ConfigError, RunConfig, describe
@@ -34,6 +35,12 @@ def pick_device() -> str:
     return "cpu"
 
 
+def gpu_ids(visible: str | None, count: int) -> list[str]:
+    """The first `count` GPUs of a CUDA_VISIBLE_DEVICES value (unset: 0, 1, ...), as its entries."""
+    ids = [g.strip() for g in visible.split(",") if g.strip()] if visible else [str(i) for i in range(count)]
+    return ids[:count]
+
+
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
@@ -47,6 +54,9 @@ def check_environment(cfg: RunConfig, device: str) -> None:
                           "(or DSNB_OFFLINE=1 for the offline default)")
     if device.startswith("cuda") and cfg.dtype == "bf16" and not torch.cuda.is_bf16_supported():
         raise ConfigError(f"dtype bf16 is not supported on {torch.cuda.get_device_name(device)}; use fp16")
+    if device.startswith("cuda") and cfg.num_gpus > torch.cuda.device_count():
+        raise ConfigError(f"num_gpus is {cfg.num_gpus} but this machine has {torch.cuda.device_count()} GPU(s); "
+                          f"set num_gpus <= {torch.cuda.device_count()}")
     if cfg.memory_budget_gb:
         if device == "cpu":
             raise ConfigError("memory_budget_gb caps GPU memory and this machine has no GPU; set it to 0")
@@ -184,11 +194,12 @@ def _record_failure(error: BaseException, mem) -> None:
 def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None = None) -> dict:
     import mlflow
     from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.integrations import HfDeepSpeedConfig
 
     from . import tracking
     from .data import build_dataset, collator
     from .estimate import estimate_memory, tokens_per_micro_batch
-    from .metrics import StepTimer, flops_per_token, gputil_used_mb, peak_flops
+    from .metrics import StepTimer, flops_per_token, gather_ranks, gputil_used_mb, peak_flops
     from .model import count_parameters, load_model
     from .zero import ds_config
 
@@ -201,20 +212,25 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(cfg.memory_budget_gb * 2**30 / total, index)
     gputil_before = gputil_used_mb(index)
+    deepspeed = None
+    if cfg.zero_stage is not None:
+        deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size())
+    # ZeRO-3: while this object lives, transformers loads each weight straight into its partition (on the
+    # CPU with parameter offload). Without it DeepSpeed first moves the whole model to the GPU, so a model
+    # larger than the GPU's budget fails before its first step (seen with the 8B shape under 15 GB).
+    _zero3_loading = HfDeepSpeedConfig(deepspeed) if cfg.zero_stage == 3 else None
     model, tokenizer = load_model(cfg, device)
     train_set = build_dataset(cfg, tokenizer)
     trainable, total = count_parameters(model)
     estimate = estimate_memory(cfg, model.config, trainable, tokens_per_micro_batch(cfg, train_set), world_size())
     if cfg.uses_nvme:
         check_nvme_space(cfg.nvme_path, estimate["est_peak_cpu_offload_mb"])
-    deepspeed = None
-    if cfg.zero_stage is not None:
-        deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size())
     run_dir = os.path.join(cfg.output_dir, mlflow.active_run().info.run_id if log else "rank")
     args = TrainingArguments(
         output_dir=run_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
         learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
-        lr_scheduler_type="linear", warmup_steps=0, optim="adamw_torch", seed=cfg.seed, data_seed=cfg.seed,
+        lr_scheduler_type="linear", warmup_steps=0, seed=cfg.seed, data_seed=cfg.seed,
+        optim="adamw_torch_fused" if cfg.compile and device.startswith("cuda") else "adamw_torch",
         fp16=cfg.dtype == "fp16", bf16=cfg.dtype == "bf16", use_cpu=device == "cpu",
         logging_steps=cfg.logging_steps, logging_first_step=True, report_to="none",
         save_strategy="steps" if cfg.checkpoint_steps else "no", save_steps=cfg.checkpoint_steps or 500,
@@ -222,6 +238,15 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
         include_num_input_tokens_seen="non_padding", disable_tqdm=bool(os.environ.get(PROGRESS_ENV)),
         dataloader_num_workers=0)
     timer = StepTimer(device, cfg.warmup_steps)
+
+    def report_step(step: int, max_steps: int) -> None:
+        if log and os.environ.get(PROGRESS_ENV):
+            print(f"{STEP_PREFIX}{step} {max_steps}", flush=True)
+
+    def log_curve(step: int, logs: dict) -> None:
+        curve = {k: float(v) for k, v in logs.items() if k in ("loss", "grad_norm", "learning_rate")}
+        if log and curve:
+            mlflow.log_metrics(curve, step=step)
 
     class Callback(TrainerCallback):
         """Times steps, logs the loss curve to MLflow and reports progress to a parent process."""
@@ -231,16 +256,13 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
 
         def on_step_end(self, args, state, control, **kw):
             timer.mark(state.global_step, state.num_input_tokens_seen)
-            if os.environ.get(PROGRESS_ENV):
-                print(f"{STEP_PREFIX}{state.global_step} {state.max_steps}", flush=True)
+            report_step(state.global_step, state.max_steps)
 
         def on_log(self, args, state, control, logs=None, **kw):
-            curve = {k: float(v) for k, v in (logs or {}).items() if k in ("loss", "grad_norm", "learning_rate")}
-            if log and curve:
-                mlflow.log_metrics(curve, step=state.global_step)
+            log_curve(state.global_step, logs or {})
 
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator(tokenizer),
-                      callbacks=[Callback()])
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=collator(tokenizer, cfg),
+                      processing_class=tokenizer, callbacks=[Callback()])
     if log:
         mlflow.log_metrics(estimate)  # before training, so a run that dies still has its estimate
         mlflow.log_params({"trainable_params": trainable, "total_params": total, "device": device,
@@ -248,13 +270,20 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
         tracking.log_json(tracking.environment(device), "environment.json")
         if checkpoint:
             mlflow.set_tag("resumed_from", checkpoint)
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    if cfg.compile:
+        from .loop import PROFILE_ENV, train_compiled
+
+        raw = train_compiled(trainer, cfg, timer, report_step, log_curve)
+        if log and os.path.isfile(os.environ.get(PROFILE_ENV, "")):
+            mlflow.log_artifact(os.environ[PROFILE_ENV])
+    else:
+        raw = trainer.train(resume_from_checkpoint=checkpoint).metrics
     mem.sample()
     samples_per_step = cfg.batch_size * cfg.grad_accum * world_size()
-    metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    metrics = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}
     metrics["train_runtime_sec"] = metrics["train_runtime"]
     metrics["gpu_memory_used_mb"] = gputil_used_mb(index) - gputil_before
-    metrics.update(mem.summary())
+    metrics.update(mem.summary() if world_size() == 1 else gather_ranks(mem.summary()))
     measured = metrics["peak_gpu_allocated_mb"]
     if measured:
         metrics["est_error_gpu"] = estimate["est_peak_gpu_mb"] / measured - 1
@@ -279,8 +308,10 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     return metrics
 
 
-def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None) -> dict:
+def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None, env: dict | None = None) -> dict:
     """Run cfg in a fresh Python process as one MLflow run; return {run_id, status, returncode, metrics}.
+
+    env adds variables to the child's environment (CUDA_VISIBLE_DEVICES, say).
 
     A child that fails or dies leaves a FAILED (or KILLED) run with its log attached; it never raises.
     """
@@ -296,9 +327,14 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None)
         config_file, log_file = os.path.join(tmp, "config.json"), os.path.join(tmp, "train.log")
         with open(config_file, "w") as f:
             json.dump(cfg.to_dict(), f)
-        env = {**os.environ, "MLFLOW_RUN_ID": run_id, PROGRESS_ENV: "1", "PYTHONUNBUFFERED": "1"}
-        command = [sys.executable, "-m", "dsnb", "run", "-f", config_file]
+        env = {**os.environ, **(env or {}), "MLFLOW_RUN_ID": run_id, PROGRESS_ENV: "1", "PYTHONUNBUFFERED": "1"}
+        if cfg.num_gpus == 1:  # with several GPUs visible, the HF Trainer would spread one process over all
+            env["CUDA_VISIBLE_DEVICES"] = gpu_ids(env.get("CUDA_VISIBLE_DEVICES"), 1)[0]
+        # Several GPUs: torchrun starts one process per GPU; each rank trains, rank 0 logs into run_id.
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
+        command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb", "run", "-f", config_file]
         bar = tqdm(desc=name, unit="step", disable=not progress, leave=True)
+        started = time.perf_counter()
         with open(log_file, "w") as log, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                           env=env, text=True) as child:
             try:
@@ -325,7 +361,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None)
                 print(f"{name}: failed (exit {child.returncode}); last lines of its log:\n" + _tail(log_file))
     run = client.get_run(run_id)
     return {"run_id": run_id, "name": name, "status": run.info.status, "returncode": child.returncode,
-            "metrics": dict(run.data.metrics)}
+            "metrics": dict(run.data.metrics), "wall_seconds": time.perf_counter() - started}
 
 
 def _tail(path: str, lines: int = 15) -> str:

@@ -17,7 +17,7 @@ import contextlib
 import os
 
 from .config import OFFLINE, OFFLINE_ENV, ConfigError, RunConfig, describe, read_yaml
-from .run import SWEEP_RUN_ENV, run_variant
+from .run import SWEEP_RUN_ENV, gpu_ids, run_variant
 from .tracking import mlflow_client
 
 SWEEP_KEYS = {"notebook", "base", "variants", "output_dir"}
@@ -30,14 +30,46 @@ def tutorial_pair(cfg: RunConfig) -> list[RunConfig]:
             cfg.replace(strategy="zero2", offload_optimizer="cpu", offload_param="none", run_name="With_DeepSpeed")]
 
 
-def run_all(cfgs: list[RunConfig], progress: bool = True) -> list[dict]:
-    """Run each config with run_variant, in order, with a bar over the variants; return every result."""
+def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1, tags: list[dict] | None = None) -> list[dict]:
+    """Run each config with run_variant, with a bar over the variants; return every result, in order.
+
+    gpus > 1 runs that many at a time, each on a GPU of its own (CUDA_VISIBLE_DEVICES); tags[i] tags run i.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     from tqdm.auto import tqdm
 
-    results = []
-    for cfg in tqdm(cfgs, desc="variants", unit="variant", disable=not progress or len(cfgs) < 2):
-        results.append(run_variant(cfg, progress=progress))
-    return results
+    from .tracking import experiment_id
+
+    for cfg in cfgs:
+        experiment_id(cfg)  # stores and experiments exist before runs start side by side
+    free = ["0"]
+    if gpus > 1:
+        import torch
+
+        free = gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())[:gpus]
+        if len(free) < gpus:
+            raise ConfigError(f"gpus is {gpus} but this machine shows {len(free)} GPU(s); ask for at most {len(free)}")
+    bar = tqdm(total=len(cfgs), desc="variants", unit="variant", disable=not progress or len(cfgs) < 2)
+
+    def run(i: int, side_by_side: bool) -> dict:
+        gpu = free.pop() if side_by_side else None
+        try:
+            env = {"CUDA_VISIBLE_DEVICES": gpu} if side_by_side else {}
+            return run_variant(cfgs[i], progress=progress and not side_by_side, tags=tags[i] if tags else None,
+                               env=env)
+        finally:
+            if gpu is not None:
+                free.append(gpu)
+            bar.update()
+
+    # One-GPU runs go `gpus` at a time; a run over several GPUs then gets all of them to itself.
+    single = [i for i, cfg in enumerate(cfgs) if cfg.num_gpus == 1]
+    results: dict[int, dict] = {}
+    with ThreadPoolExecutor(gpus) as pool, bar:
+        results.update(zip(single, pool.map(lambda i: run(i, gpus > 1), single)))
+        results.update({i: run(i, False) for i in range(len(cfgs)) if i not in results})
+    return [results[i] for i in range(len(cfgs))]
 
 
 def load_sweep(path: str, offline: bool = False, overrides: dict | None = None) -> tuple[str, list[RunConfig], str]:

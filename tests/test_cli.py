@@ -1,4 +1,5 @@
 """The README's main job and the CLI's contract, run as a user runs them (real processes, real MLflow store)."""
+import os
 import shutil
 import subprocess
 import sys
@@ -86,3 +87,16 @@ def test_a_run_that_breaks_exits_1_and_is_recorded_failed(workdir):
     assert run.info.status == "FAILED" and run.info.run_name == "broken"
     assert "peak_cpu_rss_mb" in run.data.metrics and run.data.tags["failure"]
     assert "error.txt" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_deepspeeds_own_launcher_runs_one_rank_per_process(workdir):
+    """What a team types on a multi-GPU node, here with two CPU processes: one MLflow run, every rank's peak."""
+    done = subprocess.run([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--module", "dsnb",
+                           "run", "--offline", "--strategy", "zero2", "--quantization", "none", "--max_steps", "2",
+                           "--save_model", "false"], cwd=workdir, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["FINISHED"]
+    assert {"peak_cpu_rss_mb_rank0", "peak_cpu_rss_mb_rank1"} <= set(runs[0].data.metrics)

@@ -78,5 +78,11 @@ def test_every_shipped_variant_file_loads_and_names_its_command(path):
     if "sweep" in first:
         _, cfgs, _ = load_sweep(str(path), offline=True)
         assert len(cfgs) >= 2
+    elif "capacity" in first:
+        from dsnb.capacity import load_capacity
+
+        budgets, cells = load_capacity(str(path))
+        assert budgets and len(cells) >= 2
+        assert all(cfg.model == model for model, _, cfg in cells)
     else:
         RunConfig.from_yaml(str(path))

@@ -38,10 +38,49 @@ def test_labels_ignore_padding(tokenizer, padding):
     ds = build_dataset(cfg, tokenizer)
     lengths = {len(x) for x in ds["input_ids"]}
     assert lengths == {64} if padding == "max_length" else len(lengths) > 1
-    batch = collator(tokenizer)([ds[i] for i in range(4)])
+    batch = collator(tokenizer, cfg)([ds[i] for i in range(4)])
     mask, labels = batch["attention_mask"], batch["labels"]
     assert ((labels == -100) == (mask == 0)).all()
     assert batch["input_ids"].shape[1] == (64 if padding == "max_length" else int(mask.sum(1).max()))
+
+
+def test_bucket_padding_rounds_up_to_the_bucket(tokenizer):
+    from dsnb.data import BUCKET
+
+    cfg = RunConfig(**dict(OFFLINE, padding="bucket", num_samples=16))
+    ds = build_dataset(cfg, tokenizer)
+    batch = collator(tokenizer, cfg)([ds[i] for i in range(8)])
+    longest = int(batch["attention_mask"].sum(1).max())
+    assert batch["input_ids"].shape[1] == BUCKET * -(-longest // BUCKET)
+    assert ((batch["labels"] == -100) == (batch["attention_mask"] == 0)).all()
+
+
+def test_packed_rows_give_the_padded_batch_its_loss(tokenizer):
+    """Packing changes the layout only: same predicted tokens, same loss, within fp32 rounding."""
+    import torch
+
+    from dsnb.data import real_tokens
+    from dsnb.model import load_model
+
+    padded_cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, padding="longest", num_samples=12))
+    packed_cfg = padded_cfg.replace(padding="packed", max_length=128)
+    ds = build_dataset(padded_cfg, tokenizer)
+    features = [ds[i] for i in range(12)]
+    padded = collator(tokenizer, padded_cfg)(features)
+    packed = collator(tokenizer, packed_cfg)(features)
+    assert "attention_mask" not in packed and packed["input_ids"].shape[1] == 128
+    assert 1 < packed["input_ids"].shape[0] < 12  # several samples share a row
+    assert int(real_tokens(packed, tokenizer.pad_token_id)) == int(padded["attention_mask"].sum())
+    predicted = int((padded["labels"][:, 1:] != -100).sum())
+    assert int((packed["labels"][:, 1:] != -100).sum()) == predicted
+    model, _ = load_model(padded_cfg, "cpu")
+    model.eval()
+    with torch.no_grad():
+        a, b = model(**padded).loss, model(**packed).loss
+    assert float(b) == pytest.approx(float(a), rel=1e-5)
+    packed["position_ids"][:] = torch.arange(128)  # without restarts the samples see each other
+    with torch.no_grad():
+        assert abs(float(model(**packed).loss) - float(a)) > 1e-3
 
 
 def test_local_files_in_every_format(tmp_path):

@@ -44,3 +44,21 @@ def test_unknown_models_say_what_to_give():
         load_model(RunConfig(**dict(OFFLINE, model="synthetic:gpt5")), "cpu")
     with pytest.raises(ConfigError, match="does not exist"):
         load_model(RunConfig(**dict(OFFLINE, model="./no/such/folder")), "cpu")
+
+
+def test_zero3_loads_each_weight_into_its_partition_and_counts_it_whole():
+    """Under transformers' ZeRO-3 hook (as dsnb's run sets it) no weight is loaded whole; counts stay full size."""
+    from transformers.integrations import HfDeepSpeedConfig
+
+    from dsnb.run import deepspeed_env
+    from dsnb.zero import ds_config
+
+    cfg = RunConfig(**OFFLINE, quantization="none", lora_r=0, strategy="zero3", offload_param="cpu",
+                    offload_optimizer="cpu")
+    plain, _ = load_model(cfg.replace(strategy="baseline", offload_param="none", offload_optimizer="none"), "cpu")
+    deepspeed_env("cpu")
+    loading = HfDeepSpeedConfig(ds_config(cfg))
+    model, _ = load_model(cfg, "cpu")
+    assert all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters())
+    assert count_parameters(model) == count_parameters(plain)
+    del loading

@@ -22,3 +22,26 @@ def test_nvme_space_is_checked_against_what_the_run_offloads(tmp_path):
     check_nvme_space(str(tmp_path), needed_mb=1)
     with pytest.raises(ConfigError, match=r"GB free but this run offloads about .* set nvme_path to a larger disk"):
         check_nvme_space(str(tmp_path), needed_mb=2**40)
+
+
+def test_one_process_gets_one_gpu():
+    from dsnb.run import gpu_ids
+
+    assert gpu_ids(None, 1) == ["0"] and gpu_ids("3,5", 1) == ["3"] and gpu_ids(" 2, 7 ", 2) == ["2", "7"]
+
+
+def test_bench_regressions_are_named():
+    from dsnb.bench import regressions
+
+    def result(ratio, finished=3, pair=(30, 40)):
+        rows = [{"name": "tutorial", "ratio_to_tutorial": 1.0, "finished": 3, "repeats": 3, "wall_seconds": pair[0]},
+                {"name": "tutorial_zero2_offload", "ratio_to_tutorial": 0.9, "finished": 3, "repeats": 3,
+                 "wall_seconds": pair[1]},
+                {"name": "fast", "ratio_to_tutorial": ratio, "finished": finished, "repeats": 3, "wall_seconds": 9}]
+        return {"variants": rows}
+
+    committed = result(2.6)
+    assert regressions(result(2.0), committed) == []
+    assert regressions(result(1.2), committed) == ["fast: 1.20x the tutorial's recipe, committed 2.60x"]
+    assert regressions(result(2.6, finished=2), committed) == ["fast: 2/3 runs finished"]
+    assert "tutorial pair took 400 s" in regressions(result(2.6, pair=(200, 200)), committed)[0]

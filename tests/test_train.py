@@ -67,3 +67,37 @@ def test_fast_recipe_keeps_the_math(tmp_path):
     assert fast_curve == pytest.approx(plain_curve, rel=1e-3)
     real = [r["metrics"]["real_tokens_per_sample"] for r in results]
     assert real[0] == pytest.approx(real[1])  # the same real tokens, only the padding differs
+
+
+def test_compiled_loop_keeps_the_trainers_math(tmp_path):
+    """dsnb's compiled loop (bucket or packed batches, 2 x 2 accumulation) logs the Trainer's loss curve."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
+                  grad_accum=2, lora_dropout=0.0, padding="bucket", save_model=False, tracking_uri=uri)
+    trainer = RunConfig(**common, run_name="trainer")
+    compiled = trainer.replace(compile=True, run_name="compiled")
+    packed = compiled.replace(padding="packed", run_name="packed")
+    results = run_all([trainer, compiled, packed], progress=False)
+    assert [r["status"] for r in results] == ["FINISHED"] * 3, results
+    curves = [loss_curve(uri, r["run_id"]) for r in results]
+    assert len(curves[0]) == 4 and curves[0][-1] < curves[0][0]
+    assert curves[1] == pytest.approx(curves[0], rel=1e-4)
+    assert curves[2] == pytest.approx(curves[0], rel=1e-3)  # other matmul shapes, other rounding
+    real = [r["metrics"]["real_tokens_per_sample"] for r in results]
+    assert real[1] == pytest.approx(real[0]) and real[2] == pytest.approx(real[0])
+    assert all(r["metrics"]["tokens_per_second"] > 0 for r in results)
+
+
+def test_two_processes_record_each_ranks_peak(tmp_path):
+    """num_gpus 2 starts two ranks with torchrun (CPU processes here, gloo); rank 0 logs every rank's peaks."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = RunConfig(**dict(BASE, max_steps=3), strategy="zero3", num_gpus=2, tracking_uri=uri)
+    result = run_all([cfg], progress=False)[0]
+    assert result["status"] == "FINISHED", result
+    metrics = result["metrics"]
+    ranks = [metrics["peak_cpu_rss_mb_rank0"], metrics["peak_cpu_rss_mb_rank1"]]
+    assert min(ranks) > 100 and metrics["peak_cpu_rss_mb"] == max(ranks)
+    client = mlflow.MlflowClient(uri)
+    assert len(loss_curve(uri, result["run_id"])) == 3  # one run, logged once, not once per rank
+    env = client.download_artifacts(result["run_id"], "environment.json", str(tmp_path))
+    assert '"world_size": 2' in open(env).read()

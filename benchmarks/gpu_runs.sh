@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU evidence in benchmarks/results/, one stage per GPU-machine call (each well under 10 minutes).
+#   OUT=out bash benchmarks/gpu_runs.sh bench        # dsnb bench, variants side by side on every GPU
+#   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone, with a profiled step
+#   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
+#   OUT=out bash benchmarks/gpu_runs.sh capacity     # 8B LoRA + ZeRO-3 offload under 15 GB; the capacity map
+#   OUT=out bash benchmarks/gpu_runs.sh nvme         # ZeRO-3 with parameters and optimizer on disk
+# Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
+# stage cut short still reports what finished.
+# Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+DB=sqlite:////tmp/dsnb_gpu/mlflow.db
+mkdir -p /tmp/dsnb_gpu
+dump() { python3 benchmarks/dump_runs.py "$DB" 2>/dev/null > "$OUT/runs_$1.txt"; cat "$OUT/runs_$1.txt"; }
+prebuild() { python3 -c "import sys; from dsnb.model import resolve_model; [resolve_model(m) for m in sys.argv[1:]]" "$@"; }
+B3=(--model synthetic:llama-3.2-3b --dataset synthetic --save_model false --tracking_uri "$DB")
+
+[ $# -gt 0 ] || set -- usage
+for stage in "$@"; do
+case "$stage" in
+bench)
+  prebuild synthetic:llama-3.2-3b
+  timeout 500 python3 -m dsnb bench --gpus "$GPUS" --repeats 3 --warmup 3 --steps 6 --out "$OUT" --tracking_uri "$DB"
+  dump bench
+  ;;
+throughput)  # the throughput mode alone: one repeat at a time (compiling beside a timed run would slow it)
+  prebuild synthetic:llama-3.2-3b
+  DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 190 python3 -m dsnb bench --only throughput_compiled \
+    --repeats 3 --warmup 8 --steps 4 --out "$OUT" --tracking_uri "$DB"
+  dump throughput
+  ;;
+multi)
+  prebuild synthetic:llama-3.2-3b
+  timeout 270 python3 -m dsnb capacity -f variants/multi_gpu_zero.yaml --gpus "$GPUS" --out "$OUT/multi_gpu" \
+    --tracking_uri "$DB"
+  # DeepSpeed's own launcher, as a team on a multi-GPU node would start a run (rank 0 logs it).
+  timeout 75 python3 -m deepspeed.launcher.runner --num_gpus "$GPUS" --module dsnb run \
+    -f variants/full_finetune_zero3_offload.yaml "${B3[@]}" --max_steps 4 --run_name deepspeed_launcher \
+    > "$OUT/deepspeed_launcher.log" 2>&1
+  echo "launcher exit $?"
+  dump multi
+  ;;
+capacity)
+  prebuild synthetic:llama-3.1-8b synthetic:llama-3.2-3b synthetic:llama-3.2-1b
+  timeout 110 python3 -m dsnb run --model synthetic:llama-3.1-8b --dataset synthetic --save_model false \
+    --tracking_uri "$DB" --quantization none --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
+    --strategy zero3 --offload_optimizer cpu --offload_param cpu --memory_budget_gb 15 --max_steps 4 \
+    --run_name 8b_lora_zero3_offload_15gb > "$OUT/8b_15gb.log" 2>&1
+  echo "8b exit $?"
+  timeout 320 python3 -m dsnb capacity -f variants/capacity_map.yaml --gpus "$GPUS" --out "$OUT/capacity" \
+    --tracking_uri "$DB"
+  dump capacity
+  ;;
+nvme)  # ZeRO-Infinity: parameters and optimizer states on disk (libaio carried as .debs, unpacked under /tmp)
+  prebuild synthetic:llama-3.2-1b
+  for deb in .whl/aio/*.deb; do dpkg -x "$deb" /tmp/aio; done
+  export CFLAGS="-I/tmp/aio/usr/include" LDFLAGS="-L/tmp/aio/usr/lib/x86_64-linux-gnu" CPATH=/tmp/aio/usr/include \
+    LIBRARY_PATH=/tmp/aio/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=/tmp/aio/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  mkdir -p /tmp/nvme
+  timeout 200 python3 -m dsnb run --model synthetic:llama-3.2-1b --dataset synthetic --save_model false \
+    --tracking_uri "$DB" --quantization none --lora_r 0 --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
+    --strategy zero3 --offload_optimizer nvme --offload_param nvme --nvme_path /tmp/nvme --max_steps 4 \
+    --run_name full_zero3_nvme_1b > "$OUT/nvme.log" 2>&1
+  echo "nvme exit $?"
+  dump nvme
+  ;;
+*)
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|nvme [more stages]" >&2
+  exit 2
+  ;;
+esac
+done

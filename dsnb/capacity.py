@@ -1,0 +1,182 @@
+"""A capacity map: which variant lets each model train within each GPU memory budget, and how fast.
+
+    python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2     # on GPUs: table, PNG, fastest per budget
+    python -m dsnb capacity -f variants/capacity_map.yaml --offline    # synthetic:tiny on the CPU
+
+    table, fastest, png = run_capacity("variants/capacity_map.yaml")   # in a notebook
+
+Each (model, variant) runs once, without a cap, in its own process, and is then judged against every
+budget (RULES). One run per cell rather than one per budget keeps the map to minutes. A capacity file (YAML, headed by
+its command) holds models, budgets_gb, base (fields every run shares), variants (name: fields) and
+skip (["model variant", ...] pairs not run).
+"""
+from __future__ import annotations
+
+import io
+import os
+
+from .config import OFFLINE, ConfigError, RunConfig, read_yaml
+
+KEYS = {"models", "budgets_gb", "base", "variants", "skip"}
+STATES = ("fits", "tight", "no", "failed")
+RULES = """Against a budget of B GB a run:
+- fits where its NVML peak (all it took from the GPU: CUDA context and allocator cache included) is at most B;
+- no where its tensors alone (the allocator's peak) exceed B;
+- tight in between: it fits only if the caching allocator gives memory back. Settle it with
+  `python -m dsnb run ... --memory_budget_gb B`, which ends FAILED (failure=oom) if it does not fit;
+- failed where the run itself failed (see its MLflow run)."""
+
+
+def load_capacity(path: str, offline: bool = False, overrides: dict | None = None):
+    """(budgets in GB, [(model, variant name, RunConfig)]) of a capacity file; every config validated first."""
+    spec = read_yaml(path)
+    unknown = sorted(set(spec) - KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]} is not a capacity key; use {', '.join(sorted(KEYS))}")
+    budgets = [float(b) for b in spec.get("budgets_gb") or []]
+    if not budgets or not spec.get("models") or not spec.get("variants"):
+        raise ConfigError(f"{path}: needs models, budgets_gb and variants (name: fields), each non-empty")
+    models = ["synthetic:tiny"] if offline else spec["models"]
+    skip = set(spec.get("skip") or [])
+    cells = []
+    for model in models:
+        for name, fields in spec["variants"].items():
+            if f"{model} {name}" in skip:
+                continue
+            values = {**(OFFLINE if offline else {}), **(spec.get("base") or {}), **(fields or {}),
+                      **(overrides or {}), "model": model, "run_name": f"{model.split(':')[-1]} {name}"}
+            if offline and values.get("dtype") == "bf16":
+                values["dtype"] = "fp32"
+            try:
+                cells.append((model, name, RunConfig.from_dict(values)))
+            except ConfigError as e:
+                raise ConfigError(f"{path}: {model} {name}: {e}") from None
+    return budgets, cells
+
+
+def fit(status: str, metrics: dict, budget_gb: float) -> str:
+    """fits | tight | no | failed for one run against one budget (see the module's docstring)."""
+    if status != "FINISHED":
+        return "failed"
+    if metrics.get("peak_gpu_nvml_mb", 0) <= budget_gb * 1024:
+        return "fits"
+    return "no" if metrics.get("peak_gpu_allocated_mb", 0) > budget_gb * 1024 else "tight"
+
+
+def capacity_table(cells, results: list[dict], budgets: list[float]):
+    """One row per (model, variant): throughput, peaks, and fits/tight/no/failed per budget."""
+    import pandas as pd
+
+    rows = []
+    for (model, name, cfg), result in zip(cells, results):
+        m = result["metrics"]
+        row = {"model": model, "variant": name, "training": "full" if cfg.lora_r == 0 else "LoRA",
+               "status": result["status"],
+               "samples_per_second": m.get("samples_per_second"),
+               "peak_allocated_gb": m.get("peak_gpu_allocated_mb", 0) / 1024,
+               "peak_nvml_gb": m.get("peak_gpu_nvml_mb", 0) / 1024, "run_id": result["run_id"]}
+        row.update({f"{b:g} GB": fit(result["status"], m, b) for b in budgets})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fastest_fitting(table, budgets: list[float]):
+    """Per model, kind of training (LoRA or full) and budget: the fastest variant that fits (None if none)."""
+    import pandas as pd
+
+    rows = []
+    for (model, training), group in table.groupby(["model", "training"], sort=False):
+        for b in budgets:
+            fits = group[group[f"{b:g} GB"] == "fits"].sort_values("samples_per_second", ascending=False)
+            best = fits.iloc[0] if len(fits) else None
+            rows.append({"model": model, "training": training, "budget_gb": b,
+                         "fastest_variant": None if best is None else best["variant"],
+                         "samples_per_second": None if best is None else best["samples_per_second"]})
+    return pd.DataFrame(rows)
+
+
+def plot_capacity(table, budgets: list[float]) -> bytes:
+    """One panel per model: variants x budgets coloured by fit, each cell labelled with samples/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    colours = ListedColormap(["#4caf50", "#ffc107", "#e0e0e0", "#e57373"])  # fits, tight, no, failed
+    models = list(dict.fromkeys(table["model"]))
+    heights = [max(2, len(table[table["model"] == m])) for m in models]
+    fig, axes = plt.subplots(len(models), 1, figsize=(3 + 1.6 * len(budgets), 1.2 + 0.45 * sum(heights)),
+                             squeeze=False, gridspec_kw={"height_ratios": heights})
+    for ax, model in zip(axes[:, 0], models):
+        group = table[table["model"] == model]
+        grid = [[STATES.index(state) for state in group[f"{b:g} GB"]] for b in budgets]
+        ax.imshow(list(map(list, zip(*grid))), cmap=colours, vmin=0, vmax=len(STATES) - 1, aspect="auto")
+        for i, (_, row) in enumerate(group.iterrows()):
+            for j, b in enumerate(budgets):
+                state = row[f"{b:g} GB"]
+                label = f"{row['samples_per_second']:.3g}/s" if state in ("fits", "tight") else state
+                ax.text(j, i, label, ha="center", va="center", fontsize=8)
+        ax.set(title=model, xticks=range(len(budgets)), xticklabels=[f"{b:g} GB" for b in budgets],
+               yticks=range(len(group)), yticklabels=list(group["variant"]))
+    fig.suptitle("green fits, amber tight, grey does not fit, red failed; samples/s in each cell", fontsize=10)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def markdown(table, fastest, command: str) -> str:
+    """The map as Markdown: the command, every run's cells, then the fastest fitting variant per budget."""
+    return "\n".join(["# dsnb capacity map", "", f"    {command}", "", RULES, "",
+                      md_table(table.drop(columns=["run_id"])), "", "## Fastest variant that fits", "",
+                      md_table(fastest), ""])
+
+
+def md_table(frame) -> str:
+    def cell(value):
+        if value is None or value != value:  # None or NaN: nothing fits there
+            return "-"
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dict | None = None,
+                 out_dir: str = "", progress: bool = True):
+    """Run every cell of a capacity file; return (table, fastest, PNG bytes). The PNG is logged to every run;
+    with out_dir, capacity.md, capacity.csv and capacity.png are written there (never over existing files)."""
+    from .sweep import run_all
+    from .tracking import mlflow_client
+
+    budgets, cells = load_capacity(path, offline, overrides)
+    outputs = {ext: os.path.join(out_dir, f"capacity.{ext}") for ext in ("md", "csv", "png")} if out_dir else {}
+    taken = [p for p in outputs.values() if os.path.exists(p)]
+    if taken:
+        raise ConfigError(f"{taken[0]} exists; move it or pick another --out")
+    results = run_all([cfg for _, _, cfg in cells], progress=progress, gpus=gpus)
+    table = capacity_table(cells, results, budgets)
+    fastest = fastest_fitting(table, budgets)
+    png = plot_capacity(table, budgets)
+    client = mlflow_client(cells[0][2].tracking_uri)
+    for result in results:
+        client.log_image(result["run_id"], _image(png), "capacity_map.png")
+    if outputs:
+        os.makedirs(out_dir, exist_ok=True)
+        command = f"python -m dsnb capacity -f {path}" + (" --offline" if offline else "") + \
+                  (f" --gpus {gpus}" if gpus > 1 else "")
+        with open(outputs["md"], "w") as f:
+            f.write(markdown(table, fastest, command))
+        table.to_csv(outputs["csv"], index=False)
+        with open(outputs["png"], "wb") as f:
+            f.write(png)
+    return table, fastest, png
+
+
+def _image(png: bytes):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(png))

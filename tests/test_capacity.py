@@ -1,0 +1,54 @@
+"""The capacity map on the CPU: real runs of synthetic:tiny, judged against budgets, table and picture."""
+import pytest
+
+from dsnb.capacity import capacity_table, fastest_fitting, fit, load_capacity, run_capacity
+from dsnb.config import ConfigError, RunConfig
+
+SPEC = """# python -m dsnb capacity -f capacity.yaml --offline
+models: [synthetic:llama-3.2-1b]
+budgets_gb: [0.5, 1]
+base: {max_steps: 3, logging_steps: 1, save_model: false}
+variants:
+  lora: {quantization: none}
+  full_zero2: {quantization: none, lora_r: 0, strategy: zero2, offload_optimizer: cpu}
+  broken: {quantization: none, lora_targets: no_such_module}
+"""
+
+
+def test_fit_rules():
+    m = {"peak_gpu_allocated_mb": 700.0, "peak_gpu_nvml_mb": 900.0}
+    assert fit("FINISHED", m, 1) == "fits"
+    assert fit("FINISHED", m, 0.8) == "tight"  # tensors fit, the allocator's cache does not
+    assert fit("FINISHED", m, 0.5) == "no"
+    assert fit("FAILED", m, 80) == "failed"
+
+
+def test_capacity_file_errors(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("models: [synthetic:tiny]\nbudgets_gb: []\nvariants: {a: {}}\n")
+    with pytest.raises(ConfigError, match="budgets_gb"):
+        load_capacity(str(path))
+    path.write_text("models: [synthetic:tiny]\nbudgets_gb: [15]\nvariants: {a: {strategy: zero9}}\n")
+    with pytest.raises(ConfigError, match="synthetic:tiny a: strategy"):
+        load_capacity(str(path))
+
+
+@pytest.mark.integration
+def test_capacity_map_runs_every_cell_and_keeps_going(workdir):
+    (workdir / "capacity.yaml").write_text(SPEC)
+    table, fastest, png = run_capacity("capacity.yaml", offline=True, out_dir="out", progress=False)
+    assert list(table["variant"]) == ["lora", "full_zero2", "broken"] and set(table["model"]) == {"synthetic:tiny"}
+    assert list(table["status"]) == ["FINISHED", "FINISHED", "FAILED"]
+    assert (table["samples_per_second"][:2] > 0).all()
+    assert list(table.loc[2, ["0.5 GB", "1 GB"]]) == ["failed", "failed"]
+    # No GPU here: nothing was taken from one, so both finished runs fit; the faster one is named.
+    assert list(table["training"]) == ["LoRA", "full", "LoRA"]
+    assert list(fastest["fastest_variant"]) == ["lora", "lora", "full_zero2", "full_zero2"]  # per kind, per budget
+    assert png[:4] == b"\x89PNG"
+    report = (workdir / "out" / "capacity.md").read_text()
+    assert "python -m dsnb capacity -f capacity.yaml --offline" in report and "| full_zero2 |" in report
+    with pytest.raises(ConfigError, match="exists"):  # never over an earlier map
+        run_capacity("capacity.yaml", offline=True, out_dir="out", progress=False)
+    rows = capacity_table([("m", "x", RunConfig())], [{"status": "FINISHED", "run_id": "r", "metrics": {
+        "samples_per_second": 3.0, "peak_gpu_allocated_mb": 2048.0, "peak_gpu_nvml_mb": 3072.0}}], [2.5])
+    assert rows.loc[0, "2.5 GB"] == "tight" and fastest_fitting(rows, [2.5])["fastest_variant"][0] is None
