@@ -8,6 +8,7 @@ costs ~265 ms of Python and kernel launches (MISSION.md's profile). This loop ta
 and linear schedule from the same Trainer object (same order, same math), runs the model under
 torch.compile, which fuses kernels and, on a GPU, replays each step as CUDA graphs, and reads nothing
 back to the host between steps except at the timer's marks and every LOG_FLUSH logged steps.
+On an H200 this took the 3B shape's batch-8 LoRA step from ~220 ms to ~32 ms (benchmarks/results/nvidia_h200.md).
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def train_compiled(trainer, cfg, timer, on_step, on_log) -> dict:
     optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
     params = [p for p in model.parameters() if p.requires_grad]
     cuda = device.type == "cuda"
-    # Fixed shapes (cfg validation) mean one graph; "reduce-overhead" records it as CUDA graphs.
+    # bucket and max_length batches have one shape, so one graph, which "reduce-overhead" records as CUDA
+    # graphs; packed batches vary only in their row count, marked dynamic below.
     forward = torch.compile(model, mode="reduce-overhead" if cuda else None)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
     pad_id = trainer.processing_class.pad_token_id

@@ -194,7 +194,6 @@ def _record_failure(error: BaseException, mem) -> None:
 def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None = None) -> dict:
     import mlflow
     from transformers import Trainer, TrainerCallback, TrainingArguments
-    from transformers.integrations import HfDeepSpeedConfig
 
     from . import tracking
     from .data import build_dataset, collator
@@ -215,16 +214,9 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     deepspeed = None
     if cfg.zero_stage is not None:
         deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size())
-    # ZeRO-3: while this object lives, transformers loads each weight straight into its partition (on the
-    # CPU with parameter offload). Without it DeepSpeed first moves the whole model to the GPU, so a model
-    # larger than the GPU's budget fails before its first step (seen with the 8B shape under 15 GB).
-    _zero3_loading = HfDeepSpeedConfig(deepspeed) if cfg.zero_stage == 3 else None
-    model, tokenizer = load_model(cfg, device)
-    train_set = build_dataset(cfg, tokenizer)
-    trainable, total = count_parameters(model)
-    estimate = estimate_memory(cfg, model.config, trainable, tokens_per_micro_batch(cfg, train_set), world_size())
-    if cfg.uses_nvme:
-        check_nvme_space(cfg.nvme_path, estimate["est_peak_cpu_offload_mb"])
+    # The arguments come before the model: with ZeRO-3 they make transformers load each weight straight
+    # into its partition (on the CPU with parameter offload), across every rank. Loaded whole, the model
+    # would first be moved to one GPU by DeepSpeed: the 8B shape failed that way under a 15 GB budget.
     run_dir = os.path.join(cfg.output_dir, mlflow.active_run().info.run_id if log else "rank")
     args = TrainingArguments(
         output_dir=run_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
@@ -237,6 +229,16 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
         deepspeed=deepspeed, ddp_backend="gloo" if device == "cpu" and deepspeed else None,
         include_num_input_tokens_seen="non_padding", disable_tqdm=bool(os.environ.get(PROGRESS_ENV)),
         dataloader_num_workers=0)
+    if cfg.zero_stage == 3:  # ZeRO-3's loading partitions over every rank, so the group must exist first
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
+    model, tokenizer = load_model(cfg, device)
+    train_set = build_dataset(cfg, tokenizer)
+    trainable, total = count_parameters(model)
+    estimate = estimate_memory(cfg, model.config, trainable, tokens_per_micro_batch(cfg, train_set), world_size())
+    if cfg.uses_nvme:
+        check_nvme_space(cfg.nvme_path, estimate["est_peak_cpu_offload_mb"])
     timer = StepTimer(device, cfg.warmup_steps)
 
     def report_step(step: int, max_steps: int) -> None:

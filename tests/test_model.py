@@ -46,17 +46,19 @@ def test_unknown_models_say_what_to_give():
         load_model(RunConfig(**dict(OFFLINE, model="./no/such/folder")), "cpu")
 
 
-def test_zero3_loads_each_weight_into_its_partition_and_counts_it_whole():
-    """Under transformers' ZeRO-3 hook (as dsnb's run sets it) no weight is loaded whole; counts stay full size."""
+def test_zero3_loads_each_weight_into_its_partition_and_counts_it_whole(monkeypatch):
+    """Under transformers' ZeRO-3 hook (which dsnb's run arms before loading) no weight loads whole; counts stay
+    full size."""
     from transformers.integrations import HfDeepSpeedConfig
 
-    from dsnb.run import deepspeed_env
     from dsnb.zero import ds_config
 
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
+                            DS_ACCELERATOR="cpu").items():
+        monkeypatch.setenv(name, value)
     cfg = RunConfig(**OFFLINE, quantization="none", lora_r=0, strategy="zero3", offload_param="cpu",
                     offload_optimizer="cpu")
     plain, _ = load_model(cfg.replace(strategy="baseline", offload_param="none", offload_optimizer="none"), "cpu")
-    deepspeed_env("cpu")
     loading = HfDeepSpeedConfig(ds_config(cfg))
     model, _ = load_model(cfg, "cpu")
     assert all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters())

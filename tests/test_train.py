@@ -81,8 +81,10 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path):
     assert [r["status"] for r in results] == ["FINISHED"] * 3, results
     curves = [loss_curve(uri, r["run_id"]) for r in results]
     assert len(curves[0]) == 4 and curves[0][-1] < curves[0][0]
-    assert curves[1] == pytest.approx(curves[0], rel=1e-4)
-    assert curves[2] == pytest.approx(curves[0], rel=1e-3)  # other matmul shapes, other rounding
+    # Step 1 (same weights, same batches, same loss normalisation) agrees to rounding; later steps carry
+    # the compiled kernels' other summation order through Adam's normalised updates.
+    assert curves[1][0] == pytest.approx(curves[0][0], rel=1e-5) and curves[2][0] == pytest.approx(curves[0][0], rel=1e-5)
+    assert curves[1] == pytest.approx(curves[0], rel=1e-3) and curves[2] == pytest.approx(curves[0], rel=1e-3)
     real = [r["metrics"]["real_tokens_per_sample"] for r in results]
     assert real[1] == pytest.approx(real[0]) and real[2] == pytest.approx(real[0])
     assert all(r["metrics"]["tokens_per_second"] > 0 for r in results)
@@ -99,5 +101,11 @@ def test_two_processes_record_each_ranks_peak(tmp_path):
     assert min(ranks) > 100 and metrics["peak_cpu_rss_mb"] == max(ranks)
     client = mlflow.MlflowClient(uri)
     assert len(loss_curve(uri, result["run_id"])) == 3  # one run, logged once, not once per rank
+    # Each rank holds a partition of every weight; the counts are still the whole model's.
+    from dsnb.model import count_parameters, load_model
+
+    whole = count_parameters(load_model(cfg.replace(strategy="baseline", num_gpus=1), "cpu")[0])
+    params = client.get_run(result["run_id"]).data.params
+    assert (int(params["trainable_params"]), int(params["total_params"])) == whole
     env = client.download_artifacts(result["run_id"], "environment.json", str(tmp_path))
     assert '"world_size": 2' in open(env).read()
