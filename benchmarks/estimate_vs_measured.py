@@ -22,7 +22,7 @@ MEASURED = [  # name, shape, RunConfig changes, GPUs, peak_gpu_allocated_mb, sou
      "nvidia_h200.json"),
     ("fast", "llama-3.2-3b", FAST, 1, 8539, "nvidia_h200.json"),
     ("fast_zero2", "llama-3.2-3b", dict(FAST, strategy="zero2"), 1, 9711, "nvidia_h200.json"),
-    ("fast_compiled", "llama-3.2-3b", dict(FAST, padding="bucket", compile=True), 1, 7914, "nvidia_h200.json"),
+    ("fast_compiled", "llama-3.2-3b", dict(FAST, padding="bucket", torch_compile=True), 1, 7914, "nvidia_h200.json"),
     ("full, no DeepSpeed", "llama-3.2-3b", FULL, 1, 30713, "multi_gpu_h200.md"),
     ("full ZeRO-1", "llama-3.2-3b", dict(FULL, strategy="zero1"), 1, 73602, "multi_gpu_h200.md"),
     ("full ZeRO-2", "llama-3.2-3b", dict(FULL, strategy="zero2"), 1, 73602, "multi_gpu_h200.md"),

@@ -55,7 +55,8 @@ capacity)
     --tracking_uri "$DB"
   dump capacity
   ;;
-nvme)  # ZeRO-Infinity: parameters and optimizer states on disk (libaio carried as .debs, unpacked under /tmp)
+nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels as .debs, unpacked under /tmp;
+       # fetch them once where packages can be fetched: mkdir -p .whl/aio && cd .whl/aio && apt-get download libaio1 libaio-dev
   prebuild synthetic:llama-3.2-1b
   for deb in .whl/aio/*.deb; do dpkg -x "$deb" /tmp/aio; done
   export CFLAGS="-I/tmp/aio/usr/include" LDFLAGS="-L/tmp/aio/usr/lib/x86_64-linux-gnu" CPATH=/tmp/aio/usr/include \

@@ -22,7 +22,7 @@ from .config import OFFLINE, RunConfig
 # one micro-batch of 8 instead of 2 x 4 accumulation (same effective batch, a quarter of the steps).
 FAST = dict(quantization="none", dtype="bf16", padding="longest", batch_size=8, grad_accum=1)
 # ... then dsnb's compiled loop instead of the Trainer's step: one fixed shape (8 x 64 tokens), CUDA graphs.
-COMPILED = dict(FAST, padding="bucket", compile=True)
+COMPILED = dict(FAST, padding="bucket", torch_compile=True)
 VARIANTS = {
     "tutorial": {},
     "tutorial_zero2_offload": dict(strategy="zero2", offload_optimizer="cpu"),

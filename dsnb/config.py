@@ -66,14 +66,14 @@ class RunConfig:
     num_samples: int = 1000
     """Rows taken from the start of the train split."""
     padding: str = "max_length"
-    """max_length pads every sample to max_length; longest pads each batch to its longest sample; bucket pads it to the next multiple of 64 tokens (few shapes, for compile); packed puts samples end to end in rows of max_length tokens (no padding between them)."""
+    """max_length pads every sample to max_length; longest pads each batch to its longest sample; bucket pads it to the next multiple of 64 tokens (few shapes, for torch_compile); packed puts samples end to end in rows of max_length tokens (no padding between them)."""
     max_length: int = 512
     """Truncation length in tokens (also the padded length when padding is max_length)."""
     batch_size: int = 2
     """Micro-batch per device."""
     grad_accum: int = 4
     """Micro-batches accumulated per optimizer step."""
-    compile: bool = False
+    torch_compile: bool = False
     """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step; needs strategy baseline, quantization none, dtype bf16 or fp32, padding bucket, packed or max_length."""
     learning_rate: float = 2e-4
     """Peak learning rate (linear decay, no warm-up)."""
@@ -166,7 +166,7 @@ class RunConfig:
             fail("offload_optimizer", "nvme needs strategy zero3 (below it DeepSpeed quietly uses the CPU); use cpu or zero3")
         if self.quantization == "8bit" and stage == 3:
             fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
-        if self.compile:
+        if self.torch_compile:
             fixed = ("bucket", "packed", "max_length")
             for name, ok, hint in (("strategy", stage is None, "baseline (DeepSpeed runs its own engine)"),
                                    ("quantization", self.quantization == "none", "none (bitsandbytes kernels break the graph)"),
@@ -175,7 +175,7 @@ class RunConfig:
                                    ("checkpoint_steps", not self.checkpoint_steps, "0 (the compiled loop keeps no checkpoints)"),
                                    ("num_gpus", self.num_gpus == 1, "1 (the compiled loop runs one process)")):
                 if not ok:
-                    fail(name, f"is {getattr(self, name)!r} but compile needs {hint}; change it or set compile false")
+                    fail(name, f"is {getattr(self, name)!r} but torch_compile needs {hint}; change it or set torch_compile false")
         if self.quantization != "none" and self.lora_r == 0:
             fail("quantization", f"{self.quantization} weights cannot be trained directly; set lora_r > 0 (LoRA) or quantization none")
 
@@ -199,7 +199,7 @@ class RunConfig:
         if self.quantization != "none":
             parts.append(self.quantization)
         parts.append(self.dtype)
-        if self.compile:
+        if self.torch_compile:
             parts.append("compiled")
         return "_".join(parts)
 

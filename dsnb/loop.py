@@ -1,7 +1,7 @@
-"""dsnb's own training loop for `compile=True`: the Trainer's data, optimizer and schedule, a compiled step.
+"""dsnb's own training loop for `torch_compile=True`: the Trainer's data, optimizer and schedule, a compiled step.
 
     metrics = train_compiled(trainer, cfg, timer, on_step, on_log)    # instead of trainer.train()
-    DSNB_PROFILE=step.txt python -m dsnb run ... --compile true       # also profile the last warm-up step
+    DSNB_PROFILE=step.txt python -m dsnb run ... --torch_compile true # also profile the last warm-up step
 
 Why: on a 3B LoRA step of 8 short samples the GPU's arithmetic takes ~5 ms, but the HF Trainer's step
 costs ~265 ms of Python and kernel launches (MISSION.md's profile). This loop takes the batches, AdamW

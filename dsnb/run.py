@@ -222,7 +222,7 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
         output_dir=run_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
         learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
         lr_scheduler_type="linear", warmup_steps=0, seed=cfg.seed, data_seed=cfg.seed,
-        optim="adamw_torch_fused" if cfg.compile and device.startswith("cuda") else "adamw_torch",
+        optim="adamw_torch_fused" if cfg.torch_compile and device.startswith("cuda") else "adamw_torch",
         fp16=cfg.dtype == "fp16", bf16=cfg.dtype == "bf16", use_cpu=device == "cpu",
         logging_steps=cfg.logging_steps, logging_first_step=True, report_to="none",
         save_strategy="steps" if cfg.checkpoint_steps else "no", save_steps=cfg.checkpoint_steps or 500,
@@ -272,7 +272,7 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
         tracking.log_json(tracking.environment(device), "environment.json")
         if checkpoint:
             mlflow.set_tag("resumed_from", checkpoint)
-    if cfg.compile:
+    if cfg.torch_compile:
         from .loop import PROFILE_ENV, train_compiled
 
         raw = train_compiled(trainer, cfg, timer, report_step, log_curve)

@@ -35,6 +35,14 @@ def test_every_field_is_documented():
     (dict(max_length=2.5), "max_length"),
     (dict(save_model="maybe"), "save_model"),
     (dict(batch_size=True), "batch_size"),
+    (dict(num_gpus=0), "num_gpus"),
+    (dict(torch_compile=True), "quantization"),  # bitsandbytes' 8-bit kernels under compile
+    (dict(torch_compile=True, quantization="none", dtype="bf16", strategy="zero2"), "strategy"),
+    (dict(torch_compile=True, quantization="none", dtype="bf16", padding="longest"), "padding"),
+    (dict(torch_compile=True, quantization="none", dtype="fp16", padding="bucket"), "dtype"),
+    (dict(torch_compile=True, quantization="none", dtype="bf16", padding="bucket", num_gpus=2), "num_gpus"),
+    (dict(torch_compile=True, quantization="none", dtype="bf16", padding="bucket", checkpoint_steps=5),
+     "checkpoint_steps"),
 ])
 def test_rejected_combinations_name_the_field(changes, field):
     with pytest.raises(ConfigError) as err:

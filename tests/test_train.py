@@ -75,7 +75,7 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path):
     common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
                   grad_accum=2, lora_dropout=0.0, padding="bucket", save_model=False, tracking_uri=uri)
     trainer = RunConfig(**common, run_name="trainer")
-    compiled = trainer.replace(compile=True, run_name="compiled")
+    compiled = trainer.replace(torch_compile=True, run_name="compiled")
     packed = compiled.replace(padding="packed", run_name="packed")
     results = run_all([trainer, compiled, packed], progress=False)
     assert [r["status"] for r in results] == ["FINISHED"] * 3, results
