@@ -230,9 +230,9 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
         include_num_input_tokens_seen="non_padding", disable_tqdm=bool(os.environ.get(PROGRESS_ENV)),
         dataloader_num_workers=0)
     if cfg.zero_stage == 3:  # ZeRO-3's loading partitions over every rank, so the group must exist first
-        import deepspeed
+        from deepspeed import init_distributed
 
-        deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
+        init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
     model, tokenizer = load_model(cfg, device)
     train_set = build_dataset(cfg, tokenizer)
     trainable, total = count_parameters(model)
