@@ -8,6 +8,7 @@ A notebook uses it like this:
     dsnb.compare_table(cfg.tracking_uri, results)
     dsnb.plot_runs(cfg.tracking_uri, results)
 """
+from .capacity import run_capacity
 from .config import OFFLINE, ConfigError, RunConfig, from_notebook
 from .report import best_for_budget, compare_table, find_runs, plot_runs, same_work, savings_table
 from .run import check_environment, pick_device, run_variant
@@ -16,4 +17,4 @@ from .tracking import export_store, ui_command
 
 __all__ = ["OFFLINE", "ConfigError", "RunConfig", "from_notebook", "best_for_budget", "compare_table", "find_runs",
            "plot_runs", "same_work", "savings_table", "check_environment", "pick_device", "run_variant", "run_all",
-           "tutorial_pair", "export_store", "ui_command"]
+           "tutorial_pair", "export_store", "ui_command", "run_capacity"]

@@ -3,12 +3,13 @@
     python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2     # on GPUs: table, PNG, fastest per budget
     python -m dsnb capacity -f variants/capacity_map.yaml --offline    # synthetic:tiny on the CPU
 
-    table, fastest, png = run_capacity("variants/capacity_map.yaml")   # in a notebook
+    table, fastest, png = dsnb.run_capacity("variants/capacity_map.yaml")   # in a notebook;
+    IPython.display.Image(png)                                            # the picture
 
 Each (model, variant) runs once, without a cap, in its own process, and is then judged against every
-budget (RULES). One run per cell rather than one per budget keeps the map to minutes. A capacity file (YAML, headed by
-its command) holds models, budgets_gb, base (fields every run shares), variants (name: fields) and
-skip (["model variant", ...] pairs not run).
+budget (RULES). One run per cell rather than one per budget keeps the map to minutes. A capacity file
+(YAML, headed by its command) holds models, budgets_gb, base (fields every run shares), variants
+(name: fields) and skip (["model variant", ...] pairs not run).
 """
 from __future__ import annotations
 
