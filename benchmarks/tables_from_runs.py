@@ -104,7 +104,7 @@ of the 3B shape were run next with the same fields (`h200_runs/capacity.txt` lis
 MULTI_NOTES = """
 How these were measured: one-GPU cells two at a time (one per GPU), two-GPU cells alone through torchrun;
 one warm-up and three timed steps of a micro-batch of 8 per GPU, so two GPUs train 16 samples a step and
-throughput is rough. per_gpu_allocated_gb lists rank 0 and rank 1.
+throughput is rough. per_gpu_allocated_gb lists rank 0 and rank 1; multi_gpu_memory_h200.png draws the peaks.
 
 - ZeRO-1 and ZeRO-2 on one GPU peak at 71.9 GB: DeepSpeed's bf16 training keeps fp32 master weights, fp32
   gradients and two fp32 Adam states (16 bytes a parameter, 51 GB for 3.2B) beside the bf16 weights.
@@ -134,6 +134,27 @@ def capacity(listing: str, spec: str, stem: str, command: str, notes: str) -> No
         f.write(plot_capacity(table, budgets))
 
 
+def multi_gpu_bars() -> None:
+    """Per-GPU allocator peak of each stage on one GPU and on two: multi_gpu_memory_h200.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peaks = {r["name"].split()[1]: r["metrics"]["peak_gpu_allocated_mb"] / 1024 for r in read_runs("multi_gpu.txt")}
+    stages = [("plain / DDP", "baseline_1gpu", "ddp_2gpu")] + [(f"ZeRO-{s}", f"zero{s}_1gpu", f"zero{s}_2gpu")
+                                                               for s in (1, 2, 3)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = range(len(stages))
+    ax.bar([i - 0.2 for i in x], [peaks[one] for _, one, _ in stages], 0.4, label="1 GPU")
+    ax.bar([i + 0.2 for i in x], [peaks[two] for _, _, two in stages], 0.4, label="2 GPUs (each)")
+    ax.set(xticks=list(x), xticklabels=[name for name, _, _ in stages], ylabel="peak allocated per GPU (GB)",
+           title="full fine-tuning of the 3B shape, bf16, H200")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, "multi_gpu_memory_h200.png"), dpi=100)
+
+
 if __name__ == "__main__":
     bench()
     capacity("capacity.txt", "variants/capacity_map.yaml", "capacity_map_h200",
@@ -142,3 +163,4 @@ if __name__ == "__main__":
     capacity("multi_gpu.txt", "variants/multi_gpu_zero.yaml", "multi_gpu_h200",
              "python -m dsnb capacity -f variants/multi_gpu_zero.yaml --gpus 2   (listing: h200_runs/multi_gpu.txt)",
              MULTI_NOTES)
+    multi_gpu_bars()
