@@ -31,6 +31,11 @@ throughput)  # the throughput mode alone: one repeat at a time (compiling beside
   prebuild synthetic:llama-3.2-3b
   DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 190 python3 -m dsnb bench --only throughput_compiled \
     --repeats 3 --warmup 8 --steps 4 --out "$OUT" --tracking_uri "$DB"
+  # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
+  TORCH_LOGS=perf_hints timeout 150 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
+    --batch_size 256 --grad_accum 1 --torch_compile true --max_steps 6 --warmup_steps 4 --run_name perf_hints \
+    > "$OUT/throughput_perf_hints.log" 2>&1
+  grep -i "cudagraph" "$OUT/throughput_perf_hints.log" | sort | uniq -c | head -20
   dump throughput
   ;;
 multi)
