@@ -151,6 +151,9 @@ def cmd_bench(args) -> int:
     if args.baseline:  # read before the run, which may write the same file
         import json
 
+        if not os.path.isfile(args.baseline):
+            raise ConfigError(f"--baseline {args.baseline} does not exist; give a bench JSON such as "
+                              "benchmarks/results/cpu.json")
         with open(args.baseline) as f:
             baseline = json.load(f)
     result = run_bench(args.offline or offline_requested(), args.repeats, args.warmup, args.steps, only or None,

@@ -100,3 +100,8 @@ def test_deepspeeds_own_launcher_runs_one_rank_per_process(workdir):
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert [r.info.status for r in runs] == ["FINISHED"]
     assert {"peak_cpu_rss_mb_rank0", "peak_cpu_rss_mb_rank1"} <= set(runs[0].data.metrics)
+
+
+def test_bench_baseline_must_exist(workdir):
+    done = dsnb("bench", "--offline", "--baseline", "missing.json", cwd=workdir)
+    assert done.returncode == 2 and "--baseline missing.json does not exist" in done.stderr
