@@ -91,7 +91,9 @@ def cmd_run(args) -> int:
     cfg = build_config(args)
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    if "WORLD_SIZE" not in os.environ and cfg.num_gpus == 1:  # before CUDA starts: one process, one GPU
+    # Before CUDA starts: a one-process run (also run_variant's child) gets one GPU, or the HF Trainer would
+    # spread it over every visible GPU with DataParallel.
+    if "WORLD_SIZE" not in os.environ and cfg.num_gpus == 1:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), 1)[0]
     if cfg.num_gpus > 1 and "WORLD_SIZE" not in os.environ:  # not under a launcher yet: start one
         if args.resume:

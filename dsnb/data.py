@@ -136,10 +136,9 @@ class PackedCollator:
             labels += [-100] + list(f["labels"])[1:]
             positions += range(len(sample))
         rows.append((ids, labels, positions))
-        width = max(self.row_length, max(len(r[0]) for r in rows))
         out = {"input_ids": [], "labels": [], "position_ids": []}
-        for ids, labels, positions in rows:
-            pad = width - len(ids)
+        for ids, labels, positions in rows:  # no sample is longer than a row: both are max_length
+            pad = self.row_length - len(ids)
             out["input_ids"].append(ids + [self.pad_id] * pad)
             out["labels"].append(labels + [-100] * pad)
             out["position_ids"].append(positions + list(range(pad)))

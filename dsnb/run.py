@@ -330,8 +330,6 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
         with open(config_file, "w") as f:
             json.dump(cfg.to_dict(), f)
         env = {**os.environ, **(env or {}), "MLFLOW_RUN_ID": run_id, PROGRESS_ENV: "1", "PYTHONUNBUFFERED": "1"}
-        if cfg.num_gpus == 1:  # with several GPUs visible, the HF Trainer would spread one process over all
-            env["CUDA_VISIBLE_DEVICES"] = gpu_ids(env.get("CUDA_VISIBLE_DEVICES"), 1)[0]
         # Several GPUs: torchrun starts one process per GPU; each rank trains, rank 0 logs into run_id.
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
         command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb", "run", "-f", config_file]

@@ -41,8 +41,8 @@ def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1, tags: l
 
     from .tracking import experiment_id
 
-    for cfg in cfgs:
-        experiment_id(cfg)  # stores and experiments exist before runs start side by side
+    for cfg in {(c.tracking_uri, c.experiment): c for c in cfgs}.values():
+        experiment_id(cfg)  # each store and experiment exists before runs start side by side
     free = ["0"]
     if gpus > 1:
         import torch
