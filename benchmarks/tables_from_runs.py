@@ -72,7 +72,7 @@ host's cores): the first `fast` repeat ran beside fast_compiled's first compile 
 
 - fast_compiled (bf16, each batch padded to 64 tokens, one micro-batch of 8, dsnb's compiled loop with
   CUDA graphs) is the fast recipe: 252 samples/s median (243-271), 31.7x the tutorial's recipe measured in
-  the same invocation, at 7,914 MB allocated against the tutorial's 9,272.
+  the same invocation, at 7,914 MB allocated against the tutorial's 9,271.
 - throughput_compiled ran in a second invocation (`--only throughput_compiled --warmup 8 --steps 4`,
   one repeat at a time; listing `h200_runs/throughput.txt`): one repeat finished before the limit, at
   34.9% MFU. Both GPUs were visible to it, so the Trainer's dataloader gave it 256 x 2 = 512 samples a
