@@ -3,7 +3,9 @@
 #   OUT=out bash benchmarks/gpu_runs.sh bench        # dsnb bench, variants side by side on every GPU
 #   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone, with a profiled step
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
-#   OUT=out bash benchmarks/gpu_runs.sh capacity     # 8B LoRA + ZeRO-3 offload under 15 GB; the capacity map
+#   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
+#   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
+#   OUT=out bash benchmarks/gpu_runs.sh big          # 8B LoRA + ZeRO-3 offload: under 15 GB, and its map cell
 #   OUT=out bash benchmarks/gpu_runs.sh nvme         # ZeRO-3 with parameters and optimizer on disk
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
@@ -29,10 +31,10 @@ bench)
   ;;
 throughput)  # the throughput mode alone: one repeat at a time (compiling beside a timed run would slow it)
   prebuild synthetic:llama-3.2-3b
-  DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 190 python3 -m dsnb bench --only throughput_compiled \
-    --repeats 3 --warmup 8 --steps 4 --out "$OUT" --tracking_uri "$DB"
+  DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 330 python3 -m dsnb bench --only throughput_compiled \
+    --repeats 3 --warmup 8 --steps 6 --out "$OUT" --tracking_uri "$DB"
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
-  TORCH_LOGS=perf_hints timeout 150 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
+  TORCH_LOGS=perf_hints timeout 100 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
     --batch_size 256 --grad_accum 1 --torch_compile true --max_steps 6 --warmup_steps 4 --run_name perf_hints \
     > "$OUT/throughput_perf_hints.log" 2>&1
   grep -i "cudagraph" "$OUT/throughput_perf_hints.log" | sort | uniq -c | head -20
@@ -49,16 +51,28 @@ multi)
   echo "launcher exit $?"
   dump multi
   ;;
-capacity)
+capacity)  # the whole capacity map (18 cells; on one GPU longer than one 10-minute call: see zero3 and big)
   prebuild synthetic:llama-3.1-8b synthetic:llama-3.2-3b synthetic:llama-3.2-1b
+  timeout 590 python3 -m dsnb capacity -f variants/capacity_map.yaml --gpus "$GPUS" --out "$OUT/capacity" \
+    --tracking_uri "$DB"
+  dump capacity
+  ;;
+zero3)  # the capacity map's ZeRO-3 + CPU offload cells of 1B and 3B, measured again since they load into partitions
+  prebuild synthetic:llama-3.2-3b synthetic:llama-3.2-1b
+  timeout 300 python3 -m dsnb capacity -f variants/capacity_map.yaml --gpus "$GPUS" --out "$OUT/zero3" \
+    --only lora_zero3_offload,full_zero3_offload,llama-3.2-1b,llama-3.2-3b --tracking_uri "$DB"
+  dump zero3
+  ;;
+big)  # 8B with LoRA under ZeRO-3 + CPU offload: capped at 15 GB, then uncapped as its capacity-map cell
+  prebuild synthetic:llama-3.1-8b
   timeout 110 python3 -m dsnb run --model synthetic:llama-3.1-8b --dataset synthetic --save_model false \
     --tracking_uri "$DB" --quantization none --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
     --strategy zero3 --offload_optimizer cpu --offload_param cpu --memory_budget_gb 15 --max_steps 4 \
     --run_name 8b_lora_zero3_offload_15gb > "$OUT/8b_15gb.log" 2>&1
   echo "8b exit $?"
-  timeout 320 python3 -m dsnb capacity -f variants/capacity_map.yaml --gpus "$GPUS" --out "$OUT/capacity" \
-    --tracking_uri "$DB"
-  dump capacity
+  timeout 150 python3 -m dsnb capacity -f variants/capacity_map.yaml --out "$OUT/big" \
+    --only lora_zero3_offload,llama-3.1-8b --tracking_uri "$DB"
+  dump big
   ;;
 nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels as .debs, unpacked under /tmp;
        # fetch them once where packages can be fetched: mkdir -p .whl/aio && cd .whl/aio && apt-get download libaio1 libaio-dev
@@ -75,7 +89,7 @@ nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels 
   dump nvme
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|nvme [more stages]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme [more stages]" >&2
   exit 2
   ;;
 esac

@@ -28,8 +28,11 @@ RULES = """Against a budget of B GB a run:
 - failed where the run itself failed (see its MLflow run)."""
 
 
-def load_capacity(path: str, offline: bool = False, overrides: dict | None = None):
-    """(budgets in GB, [(model, variant name, RunConfig)]) of a capacity file; every config validated first."""
+def load_capacity(path: str, offline: bool = False, overrides: dict | None = None, only: str = ""):
+    """(budgets in GB, [(model, variant name, RunConfig)]) of a capacity file; every config validated first.
+
+    only: comma-separated variant names and/or models (synthetic:llama-3.2-1b or llama-3.2-1b) to keep.
+    """
     spec = read_yaml(path)
     unknown = sorted(set(spec) - KEYS)
     if unknown:
@@ -39,10 +42,17 @@ def load_capacity(path: str, offline: bool = False, overrides: dict | None = Non
         raise ConfigError(f"{path}: needs models, budgets_gb and variants (name: fields), each non-empty")
     models = ["synthetic:tiny"] if offline else spec["models"]
     skip = set(spec.get("skip") or [])
+    wanted = {w.strip() for w in only.split(",") if w.strip()}
+    known = set(spec["variants"]) | set(models) | {m.split(":")[-1] for m in models}
+    if wanted - known:
+        raise ConfigError(f"--only {sorted(wanted - known)[0]!r} is neither a variant nor a model of {path}; "
+                          f"pick from {', '.join(sorted(known))}")
+    wanted_variants, wanted_models = wanted & set(spec["variants"]), wanted - set(spec["variants"])
     cells = []
     for model in models:
         for name, fields in spec["variants"].items():
-            if f"{model} {name}" in skip:
+            if f"{model} {name}" in skip or wanted_variants and name not in wanted_variants or \
+                    wanted_models and not {model, model.split(":")[-1]} & wanted_models:
                 continue
             values = {**(OFFLINE if offline else {}), **(spec.get("base") or {}), **(fields or {}),
                       **(overrides or {}), "model": model, "run_name": f"{model.split(':')[-1]} {name}"}
@@ -147,13 +157,15 @@ def md_table(frame) -> str:
 
 
 def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dict | None = None,
-                 out_dir: str = "", progress: bool = True):
+                 out_dir: str = "", progress: bool = True, only: str = ""):
     """Run every cell of a capacity file; return (table, fastest, PNG bytes). The PNG is logged to every run;
     with out_dir, capacity.md, capacity.csv and capacity.png are written there (never over existing files)."""
     from .sweep import run_all
     from .tracking import mlflow_client
 
-    budgets, cells = load_capacity(path, offline, overrides)
+    budgets, cells = load_capacity(path, offline, overrides, only)
+    if not cells:
+        raise ConfigError(f"{path}: --only {only!r} leaves no cell to run (the file's skip list may hold them)")
     outputs = {ext: os.path.join(out_dir, f"capacity.{ext}") for ext in ("md", "csv", "png")} if out_dir else {}
     taken = [p for p in outputs.values() if os.path.exists(p)]
     if taken:
@@ -168,7 +180,7 @@ def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dic
     if outputs:
         os.makedirs(out_dir, exist_ok=True)
         command = f"python -m dsnb capacity -f {path}" + (" --offline" if offline else "") + \
-                  (f" --gpus {gpus}" if gpus > 1 else "")
+                  (f" --gpus {gpus}" if gpus > 1 else "") + (f" --only {only}" if only else "")
         with open(outputs["md"], "w") as f:
             f.write(markdown(table, fastest, command))
         table.to_csv(outputs["csv"], index=False)

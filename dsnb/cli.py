@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                               "how fast; a table, a PNG and the fastest fitting variant per budget")
     capacity.add_argument("--gpus", type=int, default=1, help="runs side by side, one per GPU")
     capacity.add_argument("--out", default="capacity_map", help="folder for capacity.md/.csv/.png (not overwritten)")
+    capacity.add_argument("--only", default="", help="comma-separated variant names and/or models to run "
+                          "(default: every cell)")
     export = sub.add_parser("export", help="zip the MLflow store for download")
     export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
@@ -176,7 +178,8 @@ def cmd_capacity(args) -> int:
     if not args.file:
         raise ConfigError("capacity needs -f <capacity.yaml>, for example variants/capacity_map.yaml")
     overrides = {k: v for k, v in vars(args).items() if k in field_names()}
-    table, fastest, _ = run_capacity(args.file, args.offline or offline_requested(), args.gpus, overrides, args.out)
+    table, fastest, _ = run_capacity(args.file, args.offline or offline_requested(), args.gpus, overrides, args.out,
+                                     only=args.only)
     print(md_table(table.drop(columns=["run_id"])), md_table(fastest), sep="\n\n")
     print(f"\nwrote {args.out}/capacity.md, .csv and .png")
     return 0

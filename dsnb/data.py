@@ -94,6 +94,7 @@ def build_dataset(cfg: RunConfig, tokenizer, rows: list[dict] | None = None):
 
 
 BUCKET = 64  # padding "bucket" rounds each batch's length up to a multiple of this
+PACK_ROWS = 2  # padding "packed" rounds each batch's row count up to a multiple of this
 
 
 def collator(tokenizer, cfg: RunConfig):
@@ -116,7 +117,9 @@ class PackedCollator:
     Position ids restart at 0 for each sample; with no attention mask, transformers then builds a
     block-diagonal causal mask from them, so no sample sees another. Each sample's first token gets
     label -100, as nothing predicts it in a padded batch either: the loss covers the same tokens.
-    The last row's tail is padding (label -100, its own positions).
+    The last row's tail is padding (label -100, its own positions), and whole padding rows round the row
+    count up to a multiple of PACK_ROWS: fewer distinct shapes, each compiled once and replayed as CUDA
+    graphs (a row count that changes every batch would keep the step out of them).
     """
 
     def __init__(self, pad_id: int, row_length: int):
@@ -136,6 +139,7 @@ class PackedCollator:
             labels += [-100] + list(f["labels"])[1:]
             positions += range(len(sample))
         rows.append((ids, labels, positions))
+        rows += [([], [], [])] * (-len(rows) % PACK_ROWS)
         out = {"input_ids": [], "labels": [], "position_ids": []}
         for ids, labels, positions in rows:  # no sample is longer than a row: both are max_length
             pad = self.row_length - len(ids)

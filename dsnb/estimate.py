@@ -86,7 +86,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
 
 def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
     """The largest micro-batch in tokens: padded rows, or the longest real rows (rounded as collated)."""
-    from .data import BUCKET
+    from .data import BUCKET, PACK_ROWS
 
     if cfg.padding == "max_length":
         return cfg.batch_size * cfg.max_length
@@ -94,5 +94,6 @@ def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
     if cfg.padding == "bucket":
         return cfg.batch_size * math.ceil(longest / BUCKET) * BUCKET
     if cfg.padding == "packed":
-        return math.ceil(cfg.batch_size * longest / cfg.max_length) * cfg.max_length
+        rows = math.ceil(cfg.batch_size * longest / cfg.max_length)
+        return math.ceil(rows / PACK_ROWS) * PACK_ROWS * cfg.max_length
     return cfg.batch_size * longest

@@ -40,9 +40,9 @@ def train_compiled(trainer, cfg, timer, on_step, on_log) -> dict:
     optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
     params = [p for p in model.parameters() if p.requires_grad]
     cuda = device.type == "cuda"
-    # bucket and max_length batches have one shape, so one graph, which "reduce-overhead" records as CUDA
-    # graphs; packed batches vary only in their row count, marked dynamic below.
-    forward = torch.compile(model, mode="reduce-overhead" if cuda else None)
+    # Static shapes: each batch shape (few: bucket rounds lengths to 64 tokens, packed rounds row counts to
+    # PACK_ROWS) compiles once, and "reduce-overhead" replays it as CUDA graphs.
+    forward = torch.compile(model, mode="reduce-overhead" if cuda else None, dynamic=False)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16")
     pad_id = trainer.processing_class.pad_token_id
     model.train()
@@ -76,9 +76,6 @@ def train_compiled(trainer, cfg, timer, on_step, on_log) -> dict:
             step_loss = torch.zeros((), device=device)
             for batch in micro:
                 seen += real_tokens(batch, pad_id)
-                if cfg.padding == "packed":  # rows vary by batch: one graph for any row count, not one each
-                    for tensor in batch.values():
-                        torch._dynamo.maybe_mark_dynamic(tensor, 0)
                 if cuda:
                     torch.compiler.cudagraph_mark_step_begin()
                 with autocast:

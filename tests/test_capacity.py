@@ -33,6 +33,21 @@ def test_capacity_file_errors(tmp_path):
         load_capacity(str(path))
 
 
+def test_capacity_only_picks_cells(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("models: [synthetic:tiny, synthetic:llama-3.2-1b]\nbudgets_gb: [15]\n"
+                    "variants: {a: {}, b: {lora_r: 0, quantization: none}}\nskip: [synthetic:tiny b]\n")
+    assert [(m, v) for m, v, _ in load_capacity(str(path))[1]] == \
+        [("synthetic:tiny", "a"), ("synthetic:llama-3.2-1b", "a"), ("synthetic:llama-3.2-1b", "b")]
+    assert [(m, v) for m, v, _ in load_capacity(str(path), only="b")[1]] == [("synthetic:llama-3.2-1b", "b")]
+    assert [(m, v) for m, v, _ in load_capacity(str(path), only="a,llama-3.2-1b")[1]] == \
+        [("synthetic:llama-3.2-1b", "a")]
+    with pytest.raises(ConfigError, match="'c' is neither a variant nor a model"):
+        load_capacity(str(path), only="a,c")
+    with pytest.raises(ConfigError, match="leaves no cell"):
+        run_capacity(str(path), only="synthetic:tiny,b")
+
+
 @pytest.mark.integration
 def test_capacity_map_runs_every_cell_and_keeps_going(workdir):
     (workdir / "capacity.yaml").write_text(SPEC)

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
-from dsnb.data import NO_ANSWER, build_dataset, collator, format_prompt, load_records, synthetic_squad
+from dsnb.data import NO_ANSWER, PACK_ROWS, build_dataset, collator, format_prompt, load_records, synthetic_squad
 from dsnb.model import load_tokenizer
 
 
@@ -70,6 +70,7 @@ def test_packed_rows_give_the_padded_batch_its_loss(tokenizer):
     packed = collator(tokenizer, packed_cfg)(features)
     assert "attention_mask" not in packed and packed["input_ids"].shape[1] == 128
     assert 1 < packed["input_ids"].shape[0] < 12  # several samples share a row
+    assert packed["input_ids"].shape[0] % PACK_ROWS == 0  # padding rows round the count: fewer shapes
     assert int(real_tokens(packed, tokenizer.pad_token_id)) == int(padded["attention_mask"].sum())
     predicted = int((padded["labels"][:, 1:] != -100).sum())
     assert int((packed["labels"][:, 1:] != -100).sum()) == predicted
