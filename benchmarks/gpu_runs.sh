@@ -31,8 +31,8 @@ bench)
   ;;
 throughput)  # the throughput mode alone: one repeat at a time (compiling beside a timed run would slow it)
   prebuild synthetic:llama-3.2-3b
-  DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 330 python3 -m dsnb bench --only throughput_compiled \
-    --repeats 3 --warmup 8 --steps 6 --out "$OUT" --tracking_uri "$DB"
+  DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 420 python3 -m dsnb bench --only throughput_compiled \
+    --repeats 3 --warmup 8 --steps 12 --out "$OUT" --tracking_uri "$DB"
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
   TORCH_LOGS=perf_hints timeout 100 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
     --batch_size 256 --grad_accum 1 --torch_compile true --max_steps 6 --warmup_steps 4 --run_name perf_hints \
