@@ -81,6 +81,9 @@ nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels 
   export CFLAGS="-I/tmp/aio/usr/include" LDFLAGS="-L/tmp/aio/usr/lib/x86_64-linux-gnu" CPATH=/tmp/aio/usr/include \
     LIBRARY_PATH=/tmp/aio/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=/tmp/aio/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
   mkdir -p /tmp/nvme
+  # DeepSpeed's op builder cannot parse arch names such as "9.0a" in TORCH_CUDA_ARCH_LIST; give it the GPU's own.
+  echo "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST:-}'"
+  export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
   timeout 200 python3 -m dsnb run --model synthetic:llama-3.2-1b --dataset synthetic --save_model false \
     --tracking_uri "$DB" --quantization none --lora_r 0 --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
     --strategy zero3 --offload_optimizer nvme --offload_param nvme --nvme_path /tmp/nvme --max_steps 4 \
