@@ -53,6 +53,14 @@ def resolve_model(name: str) -> str:
     return name
 
 
+def largest_param(cfg: RunConfig) -> int:
+    """Elements in the model's largest weight (the embedding or output layer), from its config alone."""
+    from transformers import AutoConfig
+
+    conf = AutoConfig.from_pretrained(resolve_model(cfg.model), trust_remote_code=False).get_text_config()
+    return conf.vocab_size * conf.hidden_size
+
+
 def build_synthetic(shape: str, path: str) -> None:
     """Write a random-init Llama of `shape` and dsnb's tokenizer to `path` (atomically)."""
     import torch

@@ -199,7 +199,7 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     from .data import build_dataset, collator
     from .estimate import estimate_memory, tokens_per_micro_batch
     from .metrics import StepTimer, flops_per_token, gather_ranks, gputil_used_mb, peak_flops
-    from .model import count_parameters, load_model
+    from .model import count_parameters, largest_param, load_model
     from .zero import ds_config
 
     index = int(device.split(":")[1]) if ":" in device else 0
@@ -213,7 +213,7 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     gputil_before = gputil_used_mb(index)
     deepspeed = None
     if cfg.zero_stage is not None:
-        deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size())
+        deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size(), largest_param(cfg))
     # The arguments come before the model: with ZeRO-3 they make transformers load each weight straight
     # into its partition (on the CPU with parameter offload), across every rank. Loaded whole, the model
     # would first be moved to one GPU by DeepSpeed: the 8B shape failed that way under a 15 GB budget.

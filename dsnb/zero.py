@@ -21,8 +21,12 @@ def zero_section(stage: int, offload_optimizer: str = "none", offload_param: str
     return {"zero_optimization": zero}
 
 
-def ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
-    """The full DeepSpeed config for a ZeRO variant of `cfg` on `world_size` devices."""
+def ds_config(cfg: RunConfig, world_size: int = 1, largest_param: int = 0) -> dict:
+    """The full DeepSpeed config for a ZeRO variant of `cfg` on `world_size` devices.
+
+    largest_param: elements in the model's largest weight; parameters swapped to NVMe pass through
+    buffers that must hold it (DeepSpeed's default of 1e8 is smaller than a 128k-token embedding).
+    """
     stage = cfg.zero_stage
     if stage is None:
         raise ValueError("the baseline strategy runs without DeepSpeed; it has no DeepSpeed config")
@@ -50,6 +54,8 @@ def ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
         # Offloaded state needs DeepSpeed's own (CPU) Adam; a client torch optimizer is refused.
         config["optimizer"] = {"type": "AdamW", "params": {
             "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+    if cfg.offload_param == "nvme":
+        zero["offload_param"]["buffer_size"] = max(100_000_000, largest_param)
     if cfg.uses_nvme:
         # ZeRO-Infinity swaps through libaio; these are DeepSpeed's documented defaults, made explicit.
         config["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
