@@ -41,10 +41,11 @@ def bench() -> None:
     names = list(dict.fromkeys(r["name"] for r in runs))
     rows = []
     for name in names:
-        # The throughput mode: only its separate invocation (the first one recompiled for each batch shape).
+        # The throughput mode: only its own invocation on one GPU (the first one recompiled for each batch
+        # shape; the second ran under DataParallel: h200_runs/throughput_dataparallel.txt).
         mine = [r for r in runs if r["name"] == name]
         if name == "throughput_compiled":
-            mine = mine[-2:]
+            mine = read_runs("throughput.txt")
         rows.append(summarize(name, mine))
     base = next(r for r in rows if r["name"] == "tutorial")
     for row in rows:
@@ -73,15 +74,25 @@ host's cores): the first `fast` repeat ran beside fast_compiled's first compile 
 - fast_compiled (bf16, each batch padded to 64 tokens, one micro-batch of 8, dsnb's compiled loop with
   CUDA graphs) is the fast recipe: 252 samples/s median (243-271), 31.7x the tutorial's recipe measured in
   the same invocation, at 7,914 MB allocated against the tutorial's 9,271.
-- throughput_compiled ran in a second invocation (`--only throughput_compiled --warmup 8 --steps 4`,
-  one repeat at a time; listing `h200_runs/throughput.txt`): one repeat finished before the limit, at
-  34.9% MFU. Both GPUs were visible to it, so the Trainer's dataloader gave it 256 x 2 = 512 samples a
-  step (HF's DataParallel batch) and its samples/s reads half the true rate (real tokens/s and MFU count
-  what ran). dsnb now gives a one-process run exactly one GPU. The first invocation's
-  throughput_compiled recompiled for every new number of packed rows (12 and 98 samples/s); the loop
-  now marks that dimension dynamic. Where its time goes: `profile_throughput_compiled_h200.txt`
-  (a 705 ms step: 488 ms of GPU kernels, the rest host time the GPU waits for, because a graph with a
-  dynamic row count runs without CUDA graphs).
+- throughput_compiled (packed rows of 512 tokens, 256 samples a step) ran alone on one H200 in later
+  invocations (`OUT=out bash benchmarks/gpu_runs.sh throughput`: `--only throughput_compiled --repeats 3
+  --warmup 8 --steps 12`), with static shapes and the packed row count rounded up to an even number. The
+  row above is that invocation (listing `h200_runs/throughput.txt`): 223 samples/s, 11.0% MFU. Its timed
+  steps recompiled: the first repeat's averaged 7.9 s, the later ones (compile cache warm) 1.1 s, because
+  the row count took values during the timed steps that warm-up had not seen. In the invocation before it (1,000 samples,
+  6 timed steps; `h200_runs/throughput_static_first.txt`), where the shapes had all been compiled during
+  warm-up, one repeat ran at 634 samples/s (30.6% MFU, 404 ms a step) and a shorter run of the same recipe
+  (4 warm-up and 2 timed steps, the perf_hints run) at 847 samples/s (41.7% MFU, 302 ms a step).
+- Where a steady step's time goes (`profile_throughput_compiled_h200.txt`, the last warm-up step): 265 ms
+  of GPU kernels, mostly cuBLAS matmuls and cuDNN flash attention; the compiled forward and backward each
+  cost about 10 ms of host time, i.e. they replay as CUDA graphs (inductor's perf hints named no skipped
+  graph). Kernels alone would be about 47% MFU.
+- What changed since, not yet measured on a GPU: packing is first fit, longest sample first, which puts
+  this workload's 256 samples in 20 rows for 239 of 240 batches (CPU check over 60 shuffles), so the
+  throughput mode compiles one shape in warm-up and none in the timed steps.
+- An earlier invocation (`h200_runs/throughput_dataparallel.txt`) reported 34.9% MFU: both GPUs were
+  visible to it, so HF's DataParallel ran 256 samples on each and the MFU counted both against one GPU's
+  peak (about 17% per GPU). dsnb now gives a one-process run exactly one GPU.
 """
 
 
@@ -91,15 +102,18 @@ timed steps of 8 samples (so samples/s is rough; peaks are what matter here). Th
 cut the stage before the 8B cells; lora_bf16, qlora_4bit and lora_8bit of the 8B shape and full_zero3_offload
 of the 3B shape were run next with the same fields (`h200_runs/capacity.txt` lists every run).
 
-- The 15 GB cells marked tight for 3B full fine-tuning were settled by capped runs in an earlier session
+- The ZeRO-3 + CPU offload cells of 1B and 8B were run again after dsnb began loading ZeRO-3 models
+  straight into their partitions (`OUT=out bash benchmarks/gpu_runs.sh zero3 big`, one H200; listings
+  `h200_runs/capacity_zero3.txt` and `big.txt`, which replace those cells' earlier runs here). 1B peaks
+  were unchanged (4.3 and 4.4 GB); 8B with LoRA trains at 6.5 GB allocated, 10.2 GB NVML. The 3B ZeRO-3
+  cells are the earlier runs: their 6.1 GB is the whole bf16 model that DeepSpeed moved to the GPU before
+  partitioning (the bug that fix removed), so they overstate what the fixed loading needs.
+- The 15 GB cells marked tight for 3B full fine-tuning were settled by capped runs
   (`capacity_15gb_h200.md`): without DeepSpeed out of memory at 14.9 GB; ZeRO-2 + CPU offload trains at
-  12.3 GB allocated, ZeRO-3 + CPU offload at 6.4 GB.
-- 8B with LoRA under ZeRO-3 + CPU offload, capped at 15 GB, failed out of memory at 14.3 GB before its first
-  step (`h200_runs/budget_15gb_8b.txt` and `.log`): DeepSpeed moved the whole 16 GB bf16 model to the GPU
-  before partitioning it, because it had been loaded whole. dsnb now loads ZeRO-3 models straight into
-  their partitions (transformers' zero.Init hook; `tests/test_model.py` checks that no weight loads whole),
-  which is what lets a model larger than the budget train; the capped 8B run has not been repeated on a GPU
-  since. The uncapped 8B ZeRO-3 cell was not reached before the limit.
+  12.3 GB allocated, ZeRO-3 + CPU offload at 6.4 GB (before the loading fix).
+- 8B with LoRA under ZeRO-3 + CPU offload capped at 15 GB failed out of memory at 14.3 GB before that fix
+  (`h200_runs/budget_15gb_8b.txt` and `.log`) and trains with it: 7.4 GB allocated, 11.1 GB NVML,
+  3.1 samples/s (`capacity_15gb_h200.md`).
 """
 MULTI_NOTES = """
 How these were measured: one-GPU cells two at a time (one per GPU), two-GPU cells alone through torchrun;
@@ -117,9 +131,10 @@ throughput is rough. per_gpu_allocated_gb lists rank 0 and rank 1; multi_gpu_mem
 """
 
 
-def capacity(listing: str, spec: str, stem: str, command: str, notes: str) -> None:
-    """The capacity file's cells in its order, each with the run of its name; cells with no run are left out."""
-    runs = {r["name"]: r for r in read_runs(listing)}
+def capacity(listings: list[str], spec: str, stem: str, command: str, notes: str) -> None:
+    """The capacity file's cells in its order, each with the last run of its name in the listings (a cell
+    measured again replaces its earlier run); cells with no run are left out."""
+    runs = {r["name"]: r for listing in listings for r in read_runs(listing)}
     budgets, cells = load_capacity(spec)
     cells = [c for c in cells if c[2].run_name in runs]
     runs = [runs[c[2].run_name] for c in cells]
@@ -157,10 +172,11 @@ def multi_gpu_bars() -> None:
 
 if __name__ == "__main__":
     bench()
-    capacity("capacity.txt", "variants/capacity_map.yaml", "capacity_map_h200",
-             "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listing: h200_runs/capacity.txt)",
+    capacity(["capacity.txt", "capacity_zero3.txt", "big.txt"], "variants/capacity_map.yaml", "capacity_map_h200",
+             "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.txt, "
+             "then capacity_zero3.txt and big.txt)",
              CAPACITY_NOTES)
-    capacity("multi_gpu.txt", "variants/multi_gpu_zero.yaml", "multi_gpu_h200",
+    capacity(["multi_gpu.txt"], "variants/multi_gpu_zero.yaml", "multi_gpu_h200",
              "python -m dsnb capacity -f variants/multi_gpu_zero.yaml --gpus 2   (listing: h200_runs/multi_gpu.txt)",
              MULTI_NOTES)
     multi_gpu_bars()

@@ -112,14 +112,14 @@ def collator(tokenizer, cfg: RunConfig):
 
 
 class PackedCollator:
-    """Packs a batch's samples end to end into rows of `row_length` tokens, with no padding between them.
+    """Packs a batch's samples into rows of `row_length` tokens, end to end with no padding between them.
 
     Position ids restart at 0 for each sample; with no attention mask, transformers then builds a
     block-diagonal causal mask from them, so no sample sees another. Each sample's first token gets
     label -100, as nothing predicts it in a padded batch either: the loss covers the same tokens.
-    The last row's tail is padding (label -100, its own positions), and whole padding rows round the row
-    count up to a multiple of PACK_ROWS: fewer distinct shapes, each compiled once and replayed as CUDA
-    graphs (a row count that changes every batch would keep the step out of them).
+    Each row's tail is padding (label -100, its own positions), and whole padding rows round the row
+    count up to a multiple of PACK_ROWS: few distinct shapes, each compiled once and replayed as CUDA
+    graphs (a new row count during the timed steps would recompile there).
     """
 
     def __init__(self, pad_id: int, row_length: int):
@@ -128,17 +128,17 @@ class PackedCollator:
     def __call__(self, features: list[dict]) -> dict:
         import torch
 
+        # First fit, longest first: the fewest rows, so the row count barely varies between batches.
         rows: list[tuple[list, list, list]] = []
-        ids, labels, positions = [], [], []
-        for f in features:
+        for f in sorted(features, key=lambda f: -len(f["input_ids"])):
             sample = list(f["input_ids"])
-            if ids and len(ids) + len(sample) > self.row_length:
-                rows.append((ids, labels, positions))
-                ids, labels, positions = [], [], []
-            ids += sample
-            labels += [-100] + list(f["labels"])[1:]
-            positions += range(len(sample))
-        rows.append((ids, labels, positions))
+            row = next((r for r in rows if len(r[0]) + len(sample) <= self.row_length), None)
+            if row is None:
+                row = ([], [], [])
+                rows.append(row)
+            row[0].extend(sample)
+            row[1].extend([-100] + list(f["labels"])[1:])
+            row[2].extend(range(len(sample)))
         rows += [([], [], [])] * (-len(rows) % PACK_ROWS)
         out = {"input_ids": [], "labels": [], "position_ids": []}
         for ids, labels, positions in rows:  # no sample is longer than a row: both are max_length

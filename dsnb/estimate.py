@@ -9,8 +9,10 @@ terms (bytes):
   weights      N x 2 or 4 (dtype); quantized: linear weights x 1 (8bit) or 0.53 (4bit NF4 + scales), the rest x 2
   trainable T  LoRA adapters are fp32 (peft) and add their own T x 4; full fine-tuning trains the loaded dtype
   gradients    T x bytes(trainable); DDP (baseline on several GPUs) keeps a second copy in its buckets;
-               ZeRO-2/3 split them across GPUs; with optimizer offload only the reduce buckets
-               (2 x 5e8 elements x 2 bytes, DeepSpeed's default) stay on the GPU
+               ZeRO-2/3 split them across GPUs; with optimizer offload only ZeRO-2's reduce buckets
+               (2 x 5e8 elements x 2 bytes, DeepSpeed's default) stay on the GPU; ZeRO-3 adds one
+               5e8-element bucket for contiguous gradients whatever trains (measured: LoRA under ZeRO-3 +
+               offload peaked ~1 GB above the other terms on the 1B and 8B shapes)
   optimizer    torch AdamW: 2 states in the parameter dtype plus one parameter-sized temporary (foreach);
                DeepSpeed with bf16/fp16: fp32 master + 2 fp32 states = 12 T, and an fp32 gradient copy 4 T
                (measured on the H200: 71.9 GB for 3B full fine-tuning under ZeRO-1 on one GPU), split from
@@ -31,7 +33,8 @@ import math
 from .config import RunConfig
 
 MB = 2**20
-BUCKET_BYTES = 2 * 5e8 * 2  # DeepSpeed's reduce/allgather buckets, 5e8 elements each, half precision
+REDUCE_BUCKET = 5e8  # elements: DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
+BUCKET_BYTES = 2 * REDUCE_BUCKET * 2  # ZeRO-1/2's reduce and allgather buckets, half precision
 
 
 def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_batch: int,
@@ -71,7 +74,9 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
         gpu_weights = weights / world_size
     if cfg.offload_optimizer != "none":
         cpu_opt, gpu_opt = optimizer / world_size, 0.0  # the fp32 gradient copy moves with it
-        gpu_grads = min(gpu_grads, BUCKET_BYTES)
+        gpu_grads = min(gpu_grads, BUCKET_BYTES) if stage != 3 else 0.0
+    if stage == 3:  # contiguous gradients: one reduce bucket, allocated up front however few weights train
+        gpu_grads += REDUCE_BUCKET * half
     if cfg.offload_param != "none":  # the GPU holds what ZeRO-3 keeps live: stage3_max_live_parameters (1e9)
         cpu_weights, gpu_weights = weights / world_size, min(weights, 1e9 * load_bytes)
 

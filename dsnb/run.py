@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -90,6 +91,13 @@ def check_nvme_path(path: str) -> None:
     if not AsyncIOBuilder().is_compatible(verbose=False):
         raise ConfigError("NVMe offload needs libaio for DeepSpeed's async I/O: run `apt-get install libaio-dev` "
                           "(or use offload cpu)")
+    # DeepSpeed builds its async I/O op at run time and reads each architecture as digits ("9.0", "8.6+PTX");
+    # an entry such as "9.0a" makes that build fail with a bare ValueError (seen on an H200 image).
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    bad = [a for a in re.split(r"[;\s]+", arch) if a and not re.fullmatch(r"\d+\.\d+(\+PTX)?", a)]
+    if bad:
+        raise ConfigError(f"TORCH_CUDA_ARCH_LIST holds {bad[0]!r}, which DeepSpeed cannot build its NVMe I/O op for; "
+                          "set it to your GPU's compute capability, e.g. TORCH_CUDA_ARCH_LIST=9.0, or unset it")
 
 
 def check_nvme_space(path: str, needed_mb: float) -> None:

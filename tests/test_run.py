@@ -18,6 +18,18 @@ def test_nvme_path_checks(tmp_path):
         check_nvme_path("/proc")
 
 
+def test_nvme_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, monkeypatch):
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        pytest.skip("libaio is missing here; the libaio message comes first")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;8.6+PTX 9.0")
+    check_nvme_path(str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
+    with pytest.raises(ConfigError, match="TORCH_CUDA_ARCH_LIST holds '9.0a'.*TORCH_CUDA_ARCH_LIST=9.0"):
+        check_nvme_path(str(tmp_path))
+
+
 def test_nvme_space_is_checked_against_what_the_run_offloads(tmp_path):
     check_nvme_space(str(tmp_path), needed_mb=1)
     with pytest.raises(ConfigError, match=r"GB free but this run offloads about .* set nvme_path to a larger disk"):

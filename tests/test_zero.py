@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from dsnb.config import ConfigError, RunConfig
+from dsnb.config import OFFLINE, ConfigError, RunConfig
 from dsnb.zero import check_batch_sizes, ds_config, zero_section
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -77,3 +77,14 @@ def test_batch_size_mismatch_in_a_user_config():
     check_batch_sizes({"train_batch_size": 8, "gradient_accumulation_steps": "auto"}, cfg)
     with pytest.raises(ConfigError, match="train_batch_size is 8 .* give 16; set it to 16"):
         check_batch_sizes({"train_batch_size": 8}, cfg, world_size=2)
+
+
+def test_nvme_parameter_buffers_hold_the_largest_weight():
+    from dsnb.model import largest_param
+
+    cfg = RunConfig(strategy="zero3", offload_optimizer="cpu", offload_param="nvme", quantization="none")
+    assert ds_config(cfg)["zero_optimization"]["offload_param"]["buffer_size"] == 100_000_000  # DeepSpeed's default
+    # The 1B shape's 128256 x 2048 embedding: DeepSpeed refused it with the default ("More elements ...").
+    assert ds_config(cfg, 1, 262_668_288)["zero_optimization"]["offload_param"]["buffer_size"] == 262_668_288
+    tiny = RunConfig(**OFFLINE)
+    assert largest_param(tiny) == 26_880  # synthetic:tiny's embedding, read from its config
