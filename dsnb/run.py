@@ -77,6 +77,9 @@ def check_environment(cfg: RunConfig, device: str) -> None:
         resolve_model(cfg.model)  # a missing local folder fails here; synthetic builds wait for the run
 
 
+STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
+
+
 def check_nvme_path(path: str) -> None:
     """The NVMe folder exists and is writable, and DeepSpeed's async I/O (libaio) can be built."""
     if not os.path.isdir(path):
@@ -91,6 +94,13 @@ def check_nvme_path(path: str) -> None:
     if not AsyncIOBuilder().is_compatible(verbose=False):
         raise ConfigError("NVMe offload needs libaio for DeepSpeed's async I/O: run `apt-get install libaio-dev` "
                           "(or use offload cpu)")
+    # A build killed part way leaves its lock behind, and every later run waits on it without a word.
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = os.path.join(_get_build_directory(AsyncIOBuilder().name, False), "lock")
+    if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > STALE_BUILD_S:
+        raise ConfigError(f"{lock} is left from an interrupted build of DeepSpeed's async I/O op, and the run would "
+                          "wait on it for ever; delete that file and run again")
     # DeepSpeed builds its async I/O op at run time and reads each architecture as digits ("9.0", "8.6+PTX");
     # an entry such as "9.0a" makes that build fail with a bare ValueError (seen on an H200 image).
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "")

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from dsnb.config import ConfigError
@@ -27,6 +29,21 @@ def test_nvme_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, monkeypa
     check_nvme_path(str(tmp_path))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
     with pytest.raises(ConfigError, match="TORCH_CUDA_ARCH_LIST holds '9.0a'.*TORCH_CUDA_ARCH_LIST=9.0"):
+        check_nvme_path(str(tmp_path))
+
+
+def test_nvme_refuses_to_wait_on_a_killed_build(tmp_path, monkeypatch):
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        pytest.skip("libaio is missing here; the libaio message comes first")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    check_nvme_path(str(tmp_path))
+    lock = tmp_path / "ext" / AsyncIOBuilder().name / "lock"
+    lock.touch()
+    check_nvme_path(str(tmp_path))  # a build under way
+    os.utime(lock, (0, 0))
+    with pytest.raises(ConfigError, match="interrupted build .* delete that file"):
         check_nvme_path(str(tmp_path))
 
 
