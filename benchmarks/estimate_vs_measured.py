@@ -7,7 +7,7 @@ also logs est_peak_gpu_mb and est_error_gpu to MLflow itself.
 """
 from transformers import LlamaConfig
 
-from dsnb.bench import FAST
+from dsnb.bench import FAST, VARIANTS
 from dsnb.config import RunConfig
 from dsnb.data import build_dataset
 from dsnb.estimate import estimate_memory, tokens_per_micro_batch
@@ -23,6 +23,7 @@ MEASURED = [  # name, shape, RunConfig changes, GPUs, peak_gpu_allocated_mb, sou
     ("fast", "llama-3.2-3b", FAST, 1, 8539, "nvidia_h200.json"),
     ("fast_zero2", "llama-3.2-3b", dict(FAST, strategy="zero2"), 1, 9711, "nvidia_h200.json"),
     ("fast_compiled", "llama-3.2-3b", dict(FAST, padding="bucket", torch_compile=True), 1, 7914, "nvidia_h200.json"),
+    ("throughput_compiled", "llama-3.2-3b", VARIANTS["throughput_compiled"], 1, 43703, "nvidia_h200.json"),
     ("full, no DeepSpeed", "llama-3.2-3b", FULL, 1, 30713, "multi_gpu_h200.md"),
     ("full ZeRO-1", "llama-3.2-3b", dict(FULL, strategy="zero1"), 1, 73602, "multi_gpu_h200.md"),
     ("full ZeRO-2", "llama-3.2-3b", dict(FULL, strategy="zero2"), 1, 73602, "multi_gpu_h200.md"),

@@ -128,17 +128,13 @@ class PackedCollator:
     def __call__(self, features: list[dict]) -> dict:
         import torch
 
-        # First fit, longest first: the fewest rows, so the row count barely varies between batches.
-        rows: list[tuple[list, list, list]] = []
-        for f in sorted(features, key=lambda f: -len(f["input_ids"])):
-            sample = list(f["input_ids"])
-            row = next((r for r in rows if len(r[0]) + len(sample) <= self.row_length), None)
-            if row is None:
-                row = ([], [], [])
-                rows.append(row)
-            row[0].extend(sample)
-            row[1].extend([-100] + list(f["labels"])[1:])
-            row[2].extend(range(len(sample)))
+        order, placed = first_fit([len(f["input_ids"]) for f in features], self.row_length)
+        rows: list[tuple[list, list, list]] = [([], [], []) for _ in range(max(placed, default=-1) + 1)]
+        for i in order:
+            sample, (ids, labels, positions) = list(features[i]["input_ids"]), rows[placed[i]]
+            ids.extend(sample)
+            labels.extend([-100] + list(features[i]["labels"])[1:])
+            positions.extend(range(len(sample)))
         rows += [([], [], [])] * (-len(rows) % PACK_ROWS)
         out = {"input_ids": [], "labels": [], "position_ids": []}
         for ids, labels, positions in rows:  # no sample is longer than a row: both are max_length
@@ -147,6 +143,27 @@ class PackedCollator:
             out["labels"].append(labels + [-100] * pad)
             out["position_ids"].append(positions + list(range(pad)))
         return {k: torch.tensor(v) for k, v in out.items()}
+
+
+def first_fit(lengths: list[int], row_length: int) -> tuple[list[int], list[int]]:
+    """First fit, longest first: (samples in placing order, each sample's row). The fewest rows, so the
+    row count barely varies between batches."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    used: list[int] = []
+    placed = [0] * len(lengths)
+    for i in order:
+        row = next((r for r, n in enumerate(used) if n + lengths[i] <= row_length), len(used))
+        if row == len(used):
+            used.append(0)
+        used[row] += lengths[i]
+        placed[i] = row
+    return order, placed
+
+
+def packed_rows(lengths: list[int], row_length: int) -> int:
+    """Rows a packed batch of these sample lengths takes, padding rows included."""
+    rows = max(first_fit(lengths, row_length)[1], default=-1) + 1
+    return rows + (-rows % PACK_ROWS)
 
 
 def real_tokens(batch: dict, pad_id: int):

@@ -29,10 +29,12 @@ longest sample otherwise. The CUDA context (~0.5 GB) is outside the allocator an
 from __future__ import annotations
 
 import math
+import random
 
 from .config import RunConfig
 
 MB = 2**20
+PACK_SHUFFLES = 8
 REDUCE_BUCKET = 5e8  # elements: DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
 BUCKET_BYTES = 2 * REDUCE_BUCKET * 2  # ZeRO-1/2's reduce and allgather buckets, half precision
 
@@ -91,14 +93,19 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
 
 def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
     """The largest micro-batch in tokens: padded rows, or the longest real rows (rounded as collated)."""
-    from .data import BUCKET, PACK_ROWS
+    from .data import BUCKET, packed_rows
 
     if cfg.padding == "max_length":
         return cfg.batch_size * cfg.max_length
     longest = max(sum(mask) for mask in dataset["attention_mask"])
     if cfg.padding == "bucket":
         return cfg.batch_size * math.ceil(longest / BUCKET) * BUCKET
-    if cfg.padding == "packed":
-        rows = math.ceil(cfg.batch_size * longest / cfg.max_length)
-        return math.ceil(rows / PACK_ROWS) * PACK_ROWS * cfg.max_length
+    if cfg.padding == "packed":  # the most rows any batch took when packed, over a few shuffles of the data
+        lengths = [sum(mask) for mask in dataset["attention_mask"]]
+        rows = 0
+        for seed in range(PACK_SHUFFLES):
+            random.Random(seed).shuffle(lengths)
+            rows = max(rows, *(packed_rows(lengths[i:i + cfg.batch_size], cfg.max_length)
+                               for i in range(0, len(lengths), cfg.batch_size)))
+        return rows * cfg.max_length
     return cfg.batch_size * longest

@@ -62,3 +62,21 @@ def test_tokens_per_micro_batch_is_the_worst_case():
     ds = build_dataset(cfg, load_tokenizer(cfg))
     assert tokens_per_micro_batch(cfg, ds) == 4 * max(len(x) for x in ds["input_ids"])
     assert tokens_per_micro_batch(cfg.replace(padding="max_length"), ds) == 4 * cfg.max_length
+
+
+def test_packed_estimate_covers_every_collated_batch():
+    import random
+
+    from dsnb.data import collator
+    from dsnb.model import load_tokenizer
+
+    cfg = RunConfig(**dict(OFFLINE, padding="packed", batch_size=16, max_length=128))
+    tokenizer = load_tokenizer(cfg)
+    ds = build_dataset(cfg, tokenizer)
+    features, collate = [ds[i] for i in range(len(ds))], collator(tokenizer, cfg)
+    seen = set()
+    for seed in range(20):
+        random.Random(seed).shuffle(features)
+        seen |= {collate(features[i:i + 16])["input_ids"].numel() for i in range(0, len(features), 16)}
+    estimate = tokens_per_micro_batch(cfg, ds)
+    assert max(seen) <= estimate <= 2 * max(seen)  # covers the largest batch, without the longest-sample bound
