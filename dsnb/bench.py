@@ -142,10 +142,11 @@ def markdown(result: dict) -> str:
     for r in result["variants"]:
         spread = (f" [{num(r.get('samples_per_second_min'), '.3g')}-{num(r.get('samples_per_second_max'), '.3g')}]"
                   if r.get("samples_per_second_min") is not None else "")
+        ratio = "-" if r.get("ratio_to_tutorial") is None else f"{r['ratio_to_tutorial']:.1f}x"
         lines.append(f"| {r['name']} | {num(r['samples_per_second'], '.3g')}{spread} | "
                      f"{num(r['tokens_per_second'], ',.0f')} | {num(r['mfu'] and 100 * r['mfu'], '.2f')}% | "
                      f"{num(r['step_time_ms'], '.0f')} | {num(r['peak_gpu_allocated_mb'], ',.0f')} | "
                      f"{num(r['peak_gpu_nvml_mb'], ',.0f')} | {num(r['final_loss'], '.3f')} | "
-                     f"{num(r['ratio_to_tutorial'], '.1f')}x | {r['finished']}/{r['repeats']} |")
+                     f"{ratio} | {r['finished']}/{r['repeats']} |")
     lines += ["", f"MFU: {result['mfu_convention']}.", ""]
     return "\n".join(lines)
