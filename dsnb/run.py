@@ -231,7 +231,8 @@ def _train(cfg: RunConfig, device: str, mem, log: bool, checkpoint: str | None =
     gputil_before = gputil_used_mb(index)
     deepspeed = None
     if cfg.zero_stage is not None:
-        deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size(), largest_param(cfg))
+        largest = largest_param(cfg) if cfg.offload_param == "nvme" else 0  # sizes NVMe swap buffers only
+        deepspeed = user_ds_config(cfg) if cfg.ds_config else ds_config(cfg, world_size(), largest)
     # The arguments come before the model: with ZeRO-3 they make transformers load each weight straight
     # into its partition (on the CPU with parameter offload), across every rank. Loaded whole, the model
     # would first be moved to one GPU by DeepSpeed: the 8B shape failed that way under a 15 GB budget.
