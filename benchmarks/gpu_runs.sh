@@ -84,7 +84,7 @@ nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels 
   # DeepSpeed's op builder cannot parse arch names such as "9.0a" in TORCH_CUDA_ARCH_LIST; give it the GPU's own.
   echo "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST:-}'"
   export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
-  timeout 200 python3 -m dsnb run --model synthetic:llama-3.2-1b --dataset synthetic --save_model false \
+  timeout 300 python3 -m dsnb run --model synthetic:llama-3.2-1b --dataset synthetic --save_model false \
     --tracking_uri "$DB" --quantization none --lora_r 0 --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
     --strategy zero3 --offload_optimizer nvme --offload_param nvme --nvme_path /tmp/nvme --max_steps 4 \
     --run_name full_zero3_nvme_1b > "$OUT/nvme.log" 2>&1
