@@ -103,16 +103,17 @@ cut the stage before the 8B cells; lora_bf16, qlora_4bit and lora_8bit of the 8B
 of the 3B shape were run next with the same fields (`h200_runs/capacity.txt` lists every run).
 
 - The ZeRO-3 + CPU offload cells of 1B and 8B were run again after dsnb began loading ZeRO-3 models
-  straight into their partitions (`OUT=out bash benchmarks/gpu_runs.sh zero3 big`, one H200; listings
+  straight into their partitions (one H200: `OUT=out bash benchmarks/gpu_runs.sh big`, and the zero3
+  stage's capacity command with `--only lora_zero3_offload,full_zero3_offload,llama-3.2-1b`; listings
   `h200_runs/capacity_zero3.txt` and `big.txt`, which replace those cells' earlier runs here). 1B peaks
-  were unchanged (4.3 and 4.4 GB); 8B with LoRA trains at 6.5 GB allocated, 10.2 GB NVML. The 3B ZeRO-3
-  cells are the earlier runs: their 6.1 GB is the whole bf16 model that DeepSpeed moved to the GPU before
+  were unchanged (4,313 and 4,423 MB); 8B with LoRA trains at 6,479 MB allocated, 10,161 MB NVML. The 3B ZeRO-3
+  cells are the earlier runs: their 6,137 MB is the whole bf16 model that DeepSpeed moved to the GPU before
   partitioning (the bug that fix removed), so they overstate what the fixed loading needs.
 - The 15 GB cells marked tight for 3B full fine-tuning were settled by capped runs
   (`capacity_15gb_h200.md`): without DeepSpeed out of memory at 14.9 GB; ZeRO-2 + CPU offload trains at
   12.3 GB allocated, ZeRO-3 + CPU offload at 6.4 GB (before the loading fix).
 - 8B with LoRA under ZeRO-3 + CPU offload capped at 15 GB failed out of memory at 14.3 GB before that fix
-  (`h200_runs/budget_15gb_8b.txt` and `.log`) and trains with it: 7.4 GB allocated, 11.1 GB NVML,
+  (`h200_runs/budget_15gb_8b.txt` and `.log`) and trains with it: 7,374 MB allocated, 11,058 MB NVML,
   3.1 samples/s (`capacity_15gb_h200.md`).
 """
 MULTI_NOTES = """
