@@ -37,16 +37,11 @@ def read_runs(name: str) -> list[dict]:
 
 
 def bench() -> None:
-    runs = read_runs("bench.txt") + read_runs("throughput.txt")
+    # The throughput mode: only its own invocation on one GPU (bench.txt's recompiled for each batch shape;
+    # another ran under DataParallel: h200_runs/throughput_dataparallel.txt).
+    runs = [r for r in read_runs("bench.txt") if r["name"] != "throughput_compiled"] + read_runs("throughput.txt")
     names = list(dict.fromkeys(r["name"] for r in runs))
-    rows = []
-    for name in names:
-        # The throughput mode: only its own invocation on one GPU (the first one recompiled for each batch
-        # shape; the second ran under DataParallel: h200_runs/throughput_dataparallel.txt).
-        mine = [r for r in runs if r["name"] == name]
-        if name == "throughput_compiled":
-            mine = read_runs("throughput.txt")
-        rows.append(summarize(name, mine))
+    rows = [summarize(name, [r for r in runs if r["name"] == name]) for name in names]
     base = next(r for r in rows if r["name"] == "tutorial")
     for row in rows:
         row["ratio_to_tutorial"] = row["samples_per_second"] / base["samples_per_second"] if row["name"] != \

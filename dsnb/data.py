@@ -129,13 +129,12 @@ class PackedCollator:
         import torch
 
         order, placed = first_fit([len(f["input_ids"]) for f in features], self.row_length)
-        rows: list[tuple[list, list, list]] = [([], [], []) for _ in range(max(placed, default=-1) + 1)]
+        rows: list[tuple[list, list, list]] = [([], [], []) for _ in range(packed_rows(placed))]
         for i in order:
             sample, (ids, labels, positions) = list(features[i]["input_ids"]), rows[placed[i]]
             ids.extend(sample)
             labels.extend([-100] + list(features[i]["labels"])[1:])
             positions.extend(range(len(sample)))
-        rows += [([], [], [])] * (-len(rows) % PACK_ROWS)
         out = {"input_ids": [], "labels": [], "position_ids": []}
         for ids, labels, positions in rows:  # no sample is longer than a row: both are max_length
             pad = self.row_length - len(ids)
@@ -160,9 +159,9 @@ def first_fit(lengths: list[int], row_length: int) -> tuple[list[int], list[int]
     return order, placed
 
 
-def packed_rows(lengths: list[int], row_length: int) -> int:
-    """Rows a packed batch of these sample lengths takes, padding rows included."""
-    rows = max(first_fit(lengths, row_length)[1], default=-1) + 1
+def packed_rows(placed: list[int]) -> int:
+    """Rows a packed batch takes, given first_fit's row of each sample: padding rows included."""
+    rows = max(placed, default=-1) + 1
     return rows + (-rows % PACK_ROWS)
 
 

@@ -93,19 +93,19 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
 
 def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
     """The largest micro-batch in tokens: padded rows, or the longest real rows (rounded as collated)."""
-    from .data import BUCKET, packed_rows
+    from .data import BUCKET, first_fit, packed_rows
 
     if cfg.padding == "max_length":
         return cfg.batch_size * cfg.max_length
-    longest = max(sum(mask) for mask in dataset["attention_mask"])
+    lengths = [sum(mask) for mask in dataset["attention_mask"]]
+    longest = max(lengths)
     if cfg.padding == "bucket":
         return cfg.batch_size * math.ceil(longest / BUCKET) * BUCKET
     if cfg.padding == "packed":  # the most rows any batch took when packed, over a few shuffles of the data
-        lengths = [sum(mask) for mask in dataset["attention_mask"]]
         rows = 0
         for seed in range(PACK_SHUFFLES):
             random.Random(seed).shuffle(lengths)
-            rows = max(rows, *(packed_rows(lengths[i:i + cfg.batch_size], cfg.max_length)
+            rows = max(rows, *(packed_rows(first_fit(lengths[i:i + cfg.batch_size], cfg.max_length)[1])
                                for i in range(0, len(lengths), cfg.batch_size)))
         return rows * cfg.max_length
     return cfg.batch_size * longest
