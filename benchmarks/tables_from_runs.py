@@ -69,22 +69,21 @@ host's cores): the first `fast` repeat ran beside fast_compiled's first compile 
 - fast_compiled (bf16, each batch padded to 64 tokens, one micro-batch of 8, dsnb's compiled loop with
   CUDA graphs) is the fast recipe: 252 samples/s median (243-271), 31.7x the tutorial's recipe measured in
   the same invocation, at 7,914 MB allocated against the tutorial's 9,271.
-- throughput_compiled (packed rows of 512 tokens, 256 samples a step) ran alone on one H200 in later
-  invocations (`OUT=out bash benchmarks/gpu_runs.sh throughput`: `--only throughput_compiled --repeats 3
-  --warmup 8 --steps 12`), with static shapes and the packed row count rounded up to an even number. The
-  row above is that invocation (listing `h200_runs/throughput.txt`): 223 samples/s, 11.0% MFU. Its timed
-  steps recompiled: the first repeat's averaged 7.9 s, the later ones (compile cache warm) 1.1 s, because
-  the row count took values during the timed steps that warm-up had not seen. In the invocation before it (1,000 samples,
-  6 timed steps; `h200_runs/throughput_static_first.txt`), where the shapes had all been compiled during
-  warm-up, one repeat ran at 634 samples/s (30.6% MFU, 404 ms a step) and a shorter run of the same recipe
-  (4 warm-up and 2 timed steps, the perf_hints run) at 847 samples/s (41.7% MFU, 302 ms a step).
-- Where a steady step's time goes (`profile_throughput_compiled_h200.txt`, the last warm-up step): 265 ms
-  of GPU kernels, mostly cuBLAS matmuls and cuDNN flash attention; the compiled forward and backward each
-  cost about 10 ms of host time, i.e. they replay as CUDA graphs (inductor's perf hints named no skipped
-  graph). Kernels alone would be about 47% MFU.
-- What changed since, not yet measured on a GPU: packing is first fit, longest sample first, which puts
-  this workload's 256 samples in 20 rows for 239 of 240 batches (CPU check over 60 shuffles), so the
-  throughput mode compiles one shape in warm-up and none in the timed steps.
+- throughput_compiled (packed rows of 512 tokens, first fit, longest sample first; 256 samples a step, static
+  shapes) ran alone on one H200 (`OUT=out bash benchmarks/gpu_runs.sh throughput`: `--only throughput_compiled
+  --repeats 3 --warmup 8 --steps 12`; listing `h200_runs/throughput.txt`): 855 samples/s and 42.2% MFU
+  median, 299 ms a step. The first repeat, the machine's first process, compiled with a cold inductor cache
+  and then stepped at 407 ms (31.0%); the two after it found the cache warm and stepped at 299 and 298 ms
+  (42.2%, 42.4%). The previous invocation's first process showed the same 404 ms; the cause is not
+  isolated (its kernels are the ones profiled below).
+- Where a step's time goes (`profile_throughput_compiled_h200.txt`, the last warm-up step of the third
+  repeat, under the profiler: 554 ms wall): 270 ms of GPU kernels, two thirds cuBLAS matmuls, 10% cuDNN
+  flash attention; the compiled forward and backward cost 11 ms and 3 ms of host time, i.e. they replay as
+  CUDA graphs. Unprofiled, a step takes 299 ms, so about 30 ms a step is outside the kernels (optimizer
+  step, clipping, data). The attention stays an inductor fallback to cuDNN (perf hints).
+- Before first-fit packing (`h200_runs/throughput_before_first_fit.txt`), packed batches took row counts
+  that warm-up had not compiled, and the timed steps recompiled: 223 samples/s, 11.0% MFU median.
+  `python benchmarks/packed_rows.py` checks the fix on the CPU: 20 rows in all 240 batches of 60 shuffles.
 - An earlier invocation (`h200_runs/throughput_dataparallel.txt`) reported 34.9% MFU: both GPUs were
   visible to it, so HF's DataParallel ran 256 samples on each and the MFU counted both against one GPU's
   peak (about 17% per GPU). dsnb now gives a one-process run exactly one GPU.
@@ -97,16 +96,17 @@ timed steps of 8 samples (so samples/s is rough; peaks are what matter here). Th
 cut the stage before the 8B cells; lora_bf16, qlora_4bit and lora_8bit of the 8B shape and full_zero3_offload
 of the 3B shape were run next with the same fields (`h200_runs/capacity.txt` lists every run).
 
-- The ZeRO-3 + CPU offload cells of 1B and 8B were run again after dsnb began loading ZeRO-3 models
-  straight into their partitions (one H200: `OUT=out bash benchmarks/gpu_runs.sh big`, and the zero3
-  stage's capacity command with `--only lora_zero3_offload,full_zero3_offload,llama-3.2-1b`; listings
-  `h200_runs/capacity_zero3.txt` and `big.txt`, which replace those cells' earlier runs here). 1B peaks
-  were unchanged (4,313 and 4,423 MB); 8B with LoRA trains at 6,479 MB allocated, 10,161 MB NVML. The 3B ZeRO-3
-  cells are the earlier runs: their 6,137 MB is the whole bf16 model that DeepSpeed moved to the GPU before
-  partitioning (the bug that fix removed), so they overstate what the fixed loading needs.
+- The ZeRO-3 + CPU offload cells were run again after dsnb began loading ZeRO-3 models straight into
+  their partitions (one H200: `OUT=out bash benchmarks/gpu_runs.sh zero3` for 1B and 3B, `... big` for 8B;
+  listings `h200_runs/capacity_zero3.txt` and `big.txt`, which replace those cells' earlier runs here).
+  1B peaks were unchanged (4,313 and 4,423 MB). 3B with LoRA fell from 6,137 to 5,287 MB: the earlier
+  runs had held the whole bf16 model on the GPU before partitioning. 3B full fine-tuning stayed at 6,120
+  MB (its 128k x 3072 embedding's whole gradient is on the GPU before it is reduce-scattered) and its NVML
+  peak fell from 16.8 to 14.6 GB, so it now fits 15 GB. 8B with LoRA trains at 6,479 MB allocated,
+  10,161 MB NVML.
 - The 15 GB cells marked tight for 3B full fine-tuning were settled by capped runs
   (`capacity_15gb_h200.md`): without DeepSpeed out of memory at 14.9 GB; ZeRO-2 + CPU offload trains at
-  12.3 GB allocated, ZeRO-3 + CPU offload at 6.4 GB (before the loading fix).
+  12.3 GB allocated, ZeRO-3 + CPU offload at 6.4 GB (before the loading fix; 6.1 GB after it, above).
 - 8B with LoRA under ZeRO-3 + CPU offload capped at 15 GB failed out of memory at 14.3 GB before that fix
   (`h200_runs/budget_15gb_8b.txt` and `.log`) and trains with it: 7,374 MB allocated, 11,058 MB NVML,
   3.1 samples/s (`capacity_15gb_h200.md`).
