@@ -23,7 +23,7 @@ MEASURED = [  # name, shape, RunConfig changes, GPUs, peak_gpu_allocated_mb, sou
     ("fast", "llama-3.2-3b", FAST, 1, 8539, "nvidia_h200.json"),
     ("fast_zero2", "llama-3.2-3b", dict(FAST, strategy="zero2"), 1, 9711, "nvidia_h200.json"),
     ("fast_compiled", "llama-3.2-3b", dict(FAST, padding="bucket", torch_compile=True), 1, 7914, "nvidia_h200.json"),
-    ("throughput_compiled", "llama-3.2-3b", VARIANTS["throughput_compiled"], 1, 43703, "nvidia_h200.json"),
+    ("throughput_compiled", "llama-3.2-3b", VARIANTS["throughput_compiled"], 1, 40292, "nvidia_h200.json"),
     ("full, no DeepSpeed", "llama-3.2-3b", FULL, 1, 30713, "multi_gpu_h200.md"),
     ("full ZeRO-1", "llama-3.2-3b", dict(FULL, strategy="zero1"), 1, 73602, "multi_gpu_h200.md"),
     ("full ZeRO-2", "llama-3.2-3b", dict(FULL, strategy="zero2"), 1, 73602, "multi_gpu_h200.md"),
@@ -37,7 +37,7 @@ MEASURED = [  # name, shape, RunConfig changes, GPUs, peak_gpu_allocated_mb, sou
     ("full ZeRO-3 + CPU offload", "llama-3.2-3b", dict(FULL, **Z3OFF), 1, 6412, "capacity_15gb_h200.md"),
 ]
 for shape, measured in (("llama-3.2-1b", (3113, 2451, 3850, 4313, 11873, 6836, 4423)),
-                        ("llama-3.2-3b", (6207, 4475, 8475, 6137, None, None, None)),
+                        ("llama-3.2-3b", (6207, 4475, 8475, 5287, None, None, 6120)),
                         ("llama-3.1-8b", (13039, 8856, 18856, 6479, None, None, None))):
     variants = [("lora_8bit", dict(quantization="8bit")), ("qlora_4bit", dict(quantization="4bit")),
                 ("lora_bf16", dict(quantization="none")), ("lora_zero3_offload", dict(quantization="none", **Z3OFF)),
@@ -46,6 +46,9 @@ for shape, measured in (("llama-3.2-1b", (3113, 2451, 3850, 4313, 11873, 6836, 4
                 ("full_zero3_offload", dict(quantization="none", lora_r=0, **Z3OFF))]
     MEASURED += [(name, shape, dict(CAP, **changes), 1, mb, "capacity_map_h200.md")
                  for (name, changes), mb in zip(variants, measured) if mb]
+MEASURED.append(("full ZeRO-3 + NVMe offload", "llama-3.2-1b",
+                 dict(FULL, strategy="zero3", offload_optimizer="nvme", offload_param="nvme"), 1, 4934,
+                 "h200_runs/nvme_attempts.txt"))
 MEASURED.append(("lora_zero3_offload, 15 GB cap, 1000 samples", "llama-3.1-8b",
                  dict(CAP, num_samples=1000, quantization="none", **Z3OFF), 1, 7374, "capacity_15gb_h200.md"))
 
@@ -59,14 +62,9 @@ the model's shape, the GPU count and the tokenized data; measured values are the
 (per GPU) in the files named.
 """
 FOOTER = """
-The misses are DeepSpeed's own buffers and one loading bug:
+The misses:
 - ZeRO-2 with optimizer offload under full fine-tuning keeps about 2 GB of gradient buffers beyond the
   two 1 GB reduce buckets the estimate counts (-17%, -18%).
-- The 3B shape's ZeRO-3 + offload peaks (-19%, -22%) were measured before dsnb loaded ZeRO-3 models into
-  their partitions: DeepSpeed first moved the whole model to the GPU (6.1 GB is its bf16 weights), a peak
-  the estimate rightly leaves out and the fixed loading avoids. The 1B and 8B ZeRO-3 + offload rows were
-  measured again after the fix, and with ZeRO-3's contiguous-gradient bucket now counted they are within
-  6%; those 3B rows need measuring again on a GPU.
 - The 8B run capped at 15 GB peaked 0.9 GB above the uncapped map cell of the same variant (7.4 against
   6.5 GB; it also drew from 1,000 samples rather than 200, which the estimate counts as 54 MB more). The
   extra is not explained here (-16%).

@@ -80,3 +80,21 @@ def test_packed_estimate_covers_every_collated_batch():
         seen |= {collate(features[i:i + 16])["input_ids"].numel() for i in range(0, len(features), 16)}
     estimate = tokens_per_micro_batch(cfg, ds)
     assert max(seen) <= estimate <= 2 * max(seen)  # covers the largest batch, without the longest-sample bound
+
+
+def test_zero3_full_fine_tuning_counts_the_largest_whole_gradient():
+    """ZeRO-3 reduce-scatters a gathered weight's gradient only once it is whole: the largest real one counts."""
+    from dsnb.estimate import REDUCE_BUCKET
+
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, strategy="zero3", offload_optimizer="cpu",
+                           offload_param="cpu"))
+    model, tokenizer = load_model(cfg.replace(strategy="baseline", offload_optimizer="none", offload_param="none"),
+                                  "cpu")
+    batch = tokenizer(["질문: a?\n답변: b"] * 2, return_tensors="pt")
+    model(**batch, labels=batch["input_ids"]).loss.backward()
+    largest = max(tensor_mb([p.grad]) for p in model.parameters())
+    bucket = REDUCE_BUCKET * 4 / MB  # fp32 compute
+    est = estimate_memory(cfg, model.config, count_parameters(model)[0], 100)
+    assert est["est_grads_mb"] == pytest.approx(bucket + largest, rel=1e-3)
+    lora = estimate_memory(cfg.replace(lora_r=16), model.config, 1000, 100)
+    assert lora["est_grads_mb"] == pytest.approx(bucket)  # adapters' gradients are partitioned and offloaded
