@@ -34,7 +34,7 @@ throughput)  # the throughput mode alone: one repeat at a time (compiling beside
   DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 420 python3 -m dsnb bench --only throughput_compiled \
     --repeats 3 --warmup 8 --steps 12 --out "$OUT" --tracking_uri "$DB"
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
-  TORCH_LOGS=perf_hints timeout 100 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
+  TORCH_LOGS=perf_hints timeout 200 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
     --batch_size 256 --grad_accum 1 --torch_compile true --max_steps 6 --warmup_steps 4 --run_name perf_hints \
     > "$OUT/throughput_perf_hints.log" 2>&1
   grep -i "cudagraph" "$OUT/throughput_perf_hints.log" | sort | uniq -c | head -20
@@ -86,7 +86,7 @@ nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels 
   export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
   timeout 300 python3 -m dsnb run --model synthetic:llama-3.2-1b --dataset synthetic --save_model false \
     --tracking_uri "$DB" --quantization none --lora_r 0 --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
-    --strategy zero3 --offload_optimizer nvme --offload_param nvme --nvme_path /tmp/nvme --max_steps 4 \
+    --strategy zero3 --offload_optimizer nvme --offload_param nvme --nvme_path /tmp/nvme --max_steps 3 \
     --run_name full_zero3_nvme_1b > "$OUT/nvme.log" 2>&1
   echo "nvme exit $?"
   dump nvme

@@ -56,6 +56,10 @@ def ds_config(cfg: RunConfig, world_size: int = 1, largest_param: int = 0) -> di
             "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
     if cfg.offload_param == "nvme":
         zero["offload_param"]["buffer_size"] = max(100_000_000, largest_param)
+        # A parameter ZeRO-3 keeps for reuse (by default anything reused within 1e9 elements: a whole small
+        # model) keeps its swap buffer too; from step 2 the 5 buffers run out ("Not enough buffers 0 for
+        # swapping 1", measured on the H200). Released after each use, a weight needs a buffer only in flight.
+        zero["stage3_max_reuse_distance"] = 0
     if cfg.uses_nvme:
         # ZeRO-Infinity swaps through libaio; these are DeepSpeed's documented defaults, made explicit.
         config["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
