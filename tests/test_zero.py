@@ -86,5 +86,8 @@ def test_nvme_parameter_buffers_hold_the_largest_weight():
     assert ds_config(cfg)["zero_optimization"]["offload_param"]["buffer_size"] == 100_000_000  # DeepSpeed's default
     # The 1B shape's 128256 x 2048 embedding: DeepSpeed refused it with the default ("More elements ...").
     assert ds_config(cfg, 1, 262_668_288)["zero_optimization"]["offload_param"]["buffer_size"] == 262_668_288
+    # Weights kept for reuse hold their swap buffers: the 1B shape ran out of all 5 at step 2 on the H200.
+    assert ds_config(cfg)["zero_optimization"]["stage3_max_reuse_distance"] == 0
+    assert "stage3_max_reuse_distance" not in ds_config(cfg.replace(offload_param="cpu"))["zero_optimization"]
     tiny = RunConfig(**OFFLINE)
     assert largest_param(tiny) == 26_880  # synthetic:tiny's embedding, read from its config
