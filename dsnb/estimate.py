@@ -84,7 +84,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     if stage == 3:  # contiguous gradients: one reduce bucket, allocated up front however few weights train
         gpu_grads += REDUCE_BUCKET * half
         if full:  # a gathered weight's gradient is whole until reduce-scattered; the largest sets the peak
-            gpu_grads += max(vocab, inter) * h * load_bytes
+            gpu_grads += largest_weight(config) * load_bytes
     if cfg.offload_param != "none":  # the GPU holds what ZeRO-3 keeps live: stage3_max_live_parameters (1e9)
         cpu_weights, gpu_weights = weights / world_size, min(weights, 1e9 * load_bytes)
 
@@ -96,6 +96,11 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     return {"est_peak_gpu_mb": gpu / MB, "est_peak_cpu_offload_mb": cpu / MB, "est_weights_mb": gpu_weights / MB,
             "est_grads_mb": gpu_grads / MB, "est_optimizer_mb": gpu_opt / MB, "est_optimizer_states_mb": states / MB,
             "est_activations_mb": activations / MB}
+
+
+def largest_weight(config) -> int:
+    """Elements in a Llama-like model's largest weight: the embedding (or output layer) or an MLP matrix."""
+    return max(config.vocab_size, config.intermediate_size) * config.hidden_size
 
 
 def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:

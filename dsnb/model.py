@@ -54,15 +54,18 @@ def resolve_model(name: str) -> str:
 
 
 def largest_param(cfg: RunConfig) -> int:
-    """Elements in the model's largest weight (the embedding or output layer), from its config alone."""
+    """Elements in the model's largest weight, from its config alone (no weights loaded)."""
     from transformers import AutoConfig
 
-    conf = AutoConfig.from_pretrained(resolve_model(cfg.model), trust_remote_code=False).get_text_config()
-    return conf.vocab_size * conf.hidden_size
+    from .estimate import largest_weight
+
+    config = AutoConfig.from_pretrained(resolve_model(cfg.model), trust_remote_code=False)
+    return largest_weight(config.get_text_config())
 
 
-def build_synthetic(shape: str, path: str) -> None:
-    """Write a random-init Llama of `shape` and dsnb's tokenizer to `path` (atomically)."""
+def build_synthetic(shape: str, path: str, dims: dict | None = None) -> None:
+    """Write a random-init Llama of `shape` (or of `dims`, SHAPES' fields) and dsnb's tokenizer to `path`
+    (atomically). Models wider than 1024 are stored in bf16, smaller ones in fp32."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -70,13 +73,13 @@ def build_synthetic(shape: str, path: str) -> None:
     tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{shape}-")
     tokenizer = train_tokenizer()
     tokenizer.save_pretrained(tmp)
-    dims = dict(SHAPES[shape])
+    dims = dict(dims or SHAPES[shape])
     dims["vocab_size"] = dims["vocab_size"] or len(tokenizer)
     config = LlamaConfig(**dims, max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          head_dim=dims["hidden_size"] // dims["num_attention_heads"])
     torch.manual_seed(0)
-    large = shape != "tiny"
+    large = dims["hidden_size"] > 1024
     device = "cuda" if large and torch.cuda.is_available() else "cpu"
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if large else torch.float32)

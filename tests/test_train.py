@@ -116,26 +116,19 @@ def test_zero_infinity_nvme_matches_baseline_loss(tmp_path):
     """ZeRO-3 with parameters and optimizer states swapped to disk through libaio: same loss curve.
 
     DeepSpeed swaps only tensors of at least its aio block (1 MB) and keeps weights under 1e5 elements on
-    the device; synthetic:tiny's are smaller than both, so this trains a 2-layer Llama 512 wide, saved as
-    a local model folder with tiny's tokenizer: its 14 matmul weights (more than the 5 swap buffers) and
-    its optimizer states go through the disk.
+    the device; synthetic:tiny's are smaller than both, so this trains tiny's shape made 512 wide, built
+    into a local model folder: its 14 matmul weights (more than the 5 swap buffers) and its optimizer
+    states go through the disk.
     """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from dsnb.model import load_tokenizer
+    from dsnb.model import SHAPES, build_synthetic
 
-    tokenizer = load_tokenizer(RunConfig(**OFFLINE))
-    wide = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-                       num_key_value_heads=8, vocab_size=len(tokenizer), tie_word_embeddings=True,
-                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(wide)
+    build_synthetic("wide", str(tmp_path / "wide"), dict(SHAPES["tiny"], hidden_size=512, intermediate_size=1024,
+                                                         num_attention_heads=8, num_key_value_heads=8))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "wide")
     swappable = [n for n, p in model.named_parameters() if p.numel() > 1e5 and p.numel() * 4 >= 2**20]
     assert len(swappable) == 14  # q, k, v, o, gate, up, down in each layer
-    model.save_pretrained(tmp_path / "wide")
-    tokenizer.save_pretrained(tmp_path / "wide")
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     uri = f"sqlite:///{tmp_path}/mlflow.db"
