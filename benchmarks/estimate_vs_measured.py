@@ -45,10 +45,10 @@ for shape, measured in (("llama-3.2-1b", (3113, 2451, 3850, 4313, 11873, 6836, 4
                 ("full_zero2_offload", dict(quantization="none", lora_r=0, strategy="zero2", offload_optimizer="cpu")),
                 ("full_zero3_offload", dict(quantization="none", lora_r=0, **Z3OFF))]
     MEASURED += [(name, shape, dict(CAP, **changes), 1, mb, "capacity_map_h200.md")
-                 for (name, changes), mb in zip(variants, measured) if mb]
+                 for (name, changes), mb in zip(variants, measured, strict=False) if mb]
 MEASURED.append(("full ZeRO-3 + NVMe offload", "llama-3.2-1b",
                  dict(FULL, strategy="zero3", offload_optimizer="nvme", offload_param="nvme"), 1, 4934,
-                 "h200_runs/nvme_attempts.txt"))
+                 "h200_runs/nvme_attempts.md"))
 MEASURED.append(("lora_zero3_offload, 15 GB cap, 1000 samples", "llama-3.1-8b",
                  dict(CAP, num_samples=1000, quantization="none", **Z3OFF), 1, 7374, "capacity_15gb_h200.md"))
 

@@ -17,7 +17,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 DB=sqlite:////tmp/dsnb_gpu/mlflow.db
 mkdir -p /tmp/dsnb_gpu
-dump() { python3 benchmarks/dump_runs.py "$DB" 2>/dev/null > "$OUT/runs_$1.txt"; cat "$OUT/runs_$1.txt"; }
+dump() { python3 benchmarks/dump_runs.py "$DB" 2>/dev/null > "$OUT/runs_$1.jsonl"; cat "$OUT/runs_$1.jsonl"; }
 prebuild() { python3 -c "import sys; from dsnb.model import resolve_model; [resolve_model(m) for m in sys.argv[1:]]" "$@"; }
 B3=(--model synthetic:llama-3.2-3b --dataset synthetic --save_model false --tracking_uri "$DB")
 
@@ -26,16 +26,16 @@ for stage in "$@"; do
 case "$stage" in
 bench)
   prebuild synthetic:llama-3.2-3b
-  timeout 500 python3 -m dsnb bench --gpus "$GPUS" --repeats 3 --warmup 3 --steps 6 --out "$OUT" --tracking_uri "$DB"
+  timeout 500 python3 -m dsnb bench --gpus "$GPUS" --repeats 3 --untimed 3 --steps 6 --out "$OUT" --tracking_uri "$DB"
   dump bench
   ;;
 throughput)  # the throughput mode alone: one repeat at a time (compiling beside a timed run would slow it)
   prebuild synthetic:llama-3.2-3b
   DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 420 python3 -m dsnb bench --only throughput_compiled \
-    --repeats 3 --warmup 8 --steps 12 --out "$OUT" --tracking_uri "$DB"
+    --repeats 3 --untimed 8 --steps 12 --out "$OUT" --tracking_uri "$DB"
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
   TORCH_LOGS=perf_hints timeout 200 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
-    --batch_size 256 --grad_accum 1 --torch_compile true --max_steps 6 --warmup_steps 4 --run_name perf_hints \
+    --batch_size 256 --grad_accum 1 --torch_compile true --max_steps 6 --untimed_steps 4 --run_name perf_hints \
     > "$OUT/throughput_perf_hints.log" 2>&1
   grep -i "cudagraph" "$OUT/throughput_perf_hints.log" | sort | uniq -c | head -20
   dump throughput

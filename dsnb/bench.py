@@ -5,7 +5,7 @@
     python -m dsnb bench --offline --repeats 2   # the same on the CPU with synthetic:tiny
 
 Every variant uses the tutorial's LoRA settings, learning rate, seed, data and effective batch of 8 (the
-throughput mode excepted), and runs warm-up steps before the timed ones (the compiled variants compile
+throughput mode excepted), and runs untimed steps before the timed ones (the compiled variants compile
 in the first and record their CUDA graphs in the second). Ratios are to the tutorial's recipe measured
 in the same invocation; absolute times on a shared machine are noise.
 """
@@ -16,7 +16,10 @@ import os
 import statistics
 import sys
 
+from . import preflight
 from .config import OFFLINE, RunConfig
+from .launch import run_all
+from .tracking import RunResult
 
 # dsnb's fast recipe: bf16 weights instead of 8-bit, each batch padded only to its longest sample, and
 # one micro-batch of 8 instead of 2 x 4 accumulation (same effective batch, a quarter of the steps).
@@ -37,26 +40,22 @@ OFFLINE_MAX_BATCH = 16  # the offline set has 64 samples
 GPU_BASE = dict(model="synthetic:llama-3.2-3b", dataset="synthetic", num_samples=1000)
 
 
-def bench_configs(offline: bool, warmup: int, steps: int, tracking_uri: str) -> dict[str, RunConfig]:
-    base = dict(OFFLINE if offline else GPU_BASE, warmup_steps=warmup, max_steps=warmup + steps,
-                logging_steps=1, save_model=False, experiment="dsnb_bench", tracking_uri=tracking_uri)
-    if offline:
-        base["dtype"] = "fp32"  # fp16 needs a GPU
+def bench_configs(offline: bool, untimed: int, steps: int, tracking_uri: str) -> dict[str, RunConfig]:
+    common = dict(untimed_steps=untimed, max_steps=untimed + steps, logging_steps=1, save_model=False,
+                  experiment="dsnb_bench", tracking_uri=tracking_uri)
     cfgs = {}
     for name, changes in VARIANTS.items():
-        values = {**base, **changes}
-        if offline and values["dtype"] == "bf16":
-            values["dtype"] = "fp32"
-        if offline:
-            values["batch_size"] = min(values.get("batch_size", RunConfig.batch_size), OFFLINE_MAX_BATCH)
-            values["num_samples"] = OFFLINE["num_samples"]
-        cfgs[name] = RunConfig(**values, run_name=name)
+        # Offline, on the CPU: fp32 (fp16 needs a GPU, bf16 is emulated) and the offline set's 64 samples.
+        cpu = dict(dtype="fp32", num_samples=OFFLINE["num_samples"],
+                   batch_size=min(changes.get("batch_size", RunConfig.batch_size), OFFLINE_MAX_BATCH))
+        cfgs[name] = RunConfig.layered({} if offline else GPU_BASE, common, changes, cpu if offline else {},
+                                       {"run_name": name}, offline=offline)
     return cfgs
 
 
 def summarize(name: str, results: list[dict]) -> dict:
     """Median and spread over the repeats that finished."""
-    ok = [r["metrics"] for r in results if r["status"] == "FINISHED"]
+    ok = [r.metrics for r in results if r.status == "FINISHED"]
     row = {"name": name, "repeats": len(results), "finished": len(ok)}
     for key, metric in (("samples_per_second", "samples_per_second"), ("tokens_per_second", "tokens_per_second"),
                         ("mfu", "mfu"), ("peak_gpu_allocated_mb", "peak_gpu_allocated_mb"),
@@ -66,7 +65,7 @@ def summarize(name: str, results: list[dict]) -> dict:
         row[key] = statistics.median(values) if values else None
         if key in ("samples_per_second", "step_time_ms") and values:
             row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
-    row["wall_seconds"] = statistics.median(r["wall_seconds"] for r in results) if results else None
+    row["wall_seconds"] = statistics.median(r.wall_seconds for r in results) if results else None
     return row
 
 
@@ -88,34 +87,31 @@ def regressions(result: dict, baseline: dict, slack: float = 0.5, pair_seconds: 
     return problems
 
 
-def run_bench(offline: bool = False, repeats: int = 3, warmup: int = 3, steps: int = 10, only: list[str] | None = None,
+def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: int = 10, only: list[str] | None = None,
               out_dir: str = "benchmarks/results", tracking_uri: str = "sqlite:///mlflow.db", gpus: int = 1) -> dict:
     """Run every variant `repeats` times, interleaved, `gpus` at a time (each run on a GPU of its own)."""
-    from .run import pick_device
-    from .sweep import run_all
-
-    cfgs = bench_configs(offline, warmup, steps, tracking_uri)
+    cfgs = bench_configs(offline, untimed, steps, tracking_uri)
     names = only or list(cfgs)
     # Interleaved, so drift on a shared machine hits every variant alike.
     jobs = [(repeat, name) for repeat in range(repeats) for name in names]
     results = run_all([cfgs[name] for _, name in jobs], progress=True, gpus=gpus,
                       tags=[{"bench_repeat": repeat} for repeat, _ in jobs])
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for (_, name), result in zip(jobs, results):
+    runs: dict[str, list[RunResult]] = {n: [] for n in names}
+    for (_, name), result in zip(jobs, results, strict=True):
         runs[name].append(result)
     rows = [summarize(n, runs[n]) for n in names]
     base = next((r for r in rows if r["name"] == "tutorial"), None)
     for row in rows:
         ok = base and base["samples_per_second"] and row["samples_per_second"]
         row["ratio_to_tutorial"] = row["samples_per_second"] / base["samples_per_second"] if ok else None
-    device = pick_device()
+    device = preflight.pick_device()
     gpu = "cpu"
     if device.startswith("cuda"):
         import torch
 
         gpu = torch.cuda.get_device_name(device)
     command = "python -m dsnb bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "python -m dsnb bench"
-    result = {"gpu": gpu, "command": command, "warmup_steps": warmup, "timed_steps": steps, "gpus_side_by_side": gpus,
+    result = {"gpu": gpu, "command": command, "untimed_steps": untimed, "timed_steps": steps, "gpus_side_by_side": gpus,
               "mfu_convention": "model FLOPs per real token (6N full, 4N + 6N_trainable LoRA; N = matmul weights) "
                                 "/ dense bf16 datasheet peak",
               "variants": rows}
@@ -133,7 +129,7 @@ def markdown(result: dict) -> str:
         return "" if value is None else format(value, fmt)
 
     lines = [f"# dsnb bench on {result['gpu']}", "", f"    {result['command']}", "",
-             f"{result['warmup_steps']} warm-up steps, then {result['timed_steps']} timed optimizer steps; each "
+             f"{result['untimed_steps']} untimed steps, then {result['timed_steps']} timed optimizer steps; each "
              "variant in its own process" + (f", {result['gpus_side_by_side']} at a time on GPUs of their own"
                                             if result.get("gpus_side_by_side", 1) > 1 else "")
              + "; medians over the repeats (min-max in brackets).", "",

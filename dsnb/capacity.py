@@ -16,7 +16,9 @@ from __future__ import annotations
 import io
 import os
 
-from .config import OFFLINE, ConfigError, RunConfig, read_yaml
+from .config import ConfigError, RunConfig, read_yaml
+from .launch import run_all
+from .tracking import RunResult, mlflow_client
 
 KEYS = {"models", "budgets_gb", "base", "variants", "skip"}
 STATES = ("fits", "tight", "no", "failed")
@@ -54,12 +56,12 @@ def load_capacity(path: str, offline: bool = False, overrides: dict | None = Non
             if f"{model} {name}" in skip or wanted_variants and name not in wanted_variants or \
                     wanted_models and not {model, model.split(":")[-1]} & wanted_models:
                 continue
-            values = {**(OFFLINE if offline else {}), **(spec.get("base") or {}), **(fields or {}),
-                      **(overrides or {}), "model": model, "run_name": f"{model.split(':')[-1]} {name}"}
-            if offline and values.get("dtype") == "bf16":
-                values["dtype"] = "fp32"
+            cell = {"model": model, "run_name": f"{model.split(':')[-1]} {name}"}
+            layers = [spec.get("base") or {}, fields or {}, overrides or {}, cell]
+            if offline and {**layers[0], **layers[1], **layers[2]}.get("dtype") == "bf16":
+                cell["dtype"] = "fp32"  # bf16 is emulated on the CPU
             try:
-                cells.append((model, name, RunConfig.from_dict(values)))
+                cells.append((model, name, RunConfig.layered(*layers, offline=offline)))
             except ConfigError as e:
                 raise ConfigError(f"{path}: {model} {name}: {e}") from None
     return budgets, cells
@@ -74,19 +76,19 @@ def fit(status: str, metrics: dict, budget_gb: float) -> str:
     return "no" if metrics.get("peak_gpu_allocated_mb", 0) > budget_gb * 1024 else "tight"
 
 
-def capacity_table(cells, results: list[dict], budgets: list[float]):
+def capacity_table(cells, results: list[RunResult], budgets: list[float]):
     """One row per (model, variant): throughput, peaks, and fits/tight/no/failed per budget."""
     import pandas as pd
 
     rows = []
-    for (model, name, cfg), result in zip(cells, results):
-        m = result["metrics"]
+    for (model, name, cfg), result in zip(cells, results, strict=True):
+        m = result.metrics
         row = {"model": model, "variant": name, "training": "full" if cfg.lora_r == 0 else "LoRA",
-               "status": result["status"],
+               "status": result.status,
                "samples_per_second": m.get("samples_per_second"),
                "peak_allocated_gb": m.get("peak_gpu_allocated_mb", 0) / 1024,
-               "peak_nvml_gb": m.get("peak_gpu_nvml_mb", 0) / 1024, "run_id": result["run_id"]}
-        row.update({f"{b:g} GB": fit(result["status"], m, b) for b in budgets})
+               "peak_nvml_gb": m.get("peak_gpu_nvml_mb", 0) / 1024, "run_id": result.run_id}
+        row.update({f"{b:g} GB": fit(result.status, m, b) for b in budgets})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -108,21 +110,18 @@ def fastest_fitting(table, budgets: list[float]):
 
 def plot_capacity(table, budgets: list[float]) -> bytes:
     """One panel per model: variants x budgets coloured by fit, each cell labelled with samples/s."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
 
     colours = ListedColormap(["#4caf50", "#ffc107", "#e0e0e0", "#e57373"])  # fits, tight, no, failed
     models = list(dict.fromkeys(table["model"]))
     heights = [max(2, len(table[table["model"] == m])) for m in models]
-    fig, axes = plt.subplots(len(models), 1, figsize=(3 + 1.6 * len(budgets), 1.2 + 0.45 * sum(heights)),
-                             squeeze=False, gridspec_kw={"height_ratios": heights})
-    for ax, model in zip(axes[:, 0], models):
+    fig = Figure(figsize=(3 + 1.6 * len(budgets), 1.2 + 0.45 * sum(heights)))
+    axes = fig.subplots(len(models), 1, squeeze=False, gridspec_kw={"height_ratios": heights})
+    for ax, model in zip(axes[:, 0], models, strict=False):
         group = table[table["model"] == model]
         grid = [[STATES.index(state) for state in group[f"{b:g} GB"]] for b in budgets]
-        ax.imshow(list(map(list, zip(*grid))), cmap=colours, vmin=0, vmax=len(STATES) - 1, aspect="auto")
+        ax.imshow(list(map(list, zip(*grid, strict=False))), cmap=colours, vmin=0, vmax=len(STATES) - 1, aspect="auto")
         for i, (_, row) in enumerate(group.iterrows()):
             for j, b in enumerate(budgets):
                 state = row[f"{b:g} GB"]
@@ -134,7 +133,6 @@ def plot_capacity(table, budgets: list[float]) -> bytes:
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
     return buffer.getvalue()
 
 
@@ -160,9 +158,6 @@ def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dic
                  out_dir: str = "", progress: bool = True, only: str = ""):
     """Run every cell of a capacity file; return (table, fastest, PNG bytes). The PNG is logged to every run;
     with out_dir, capacity.md, capacity.csv and capacity.png are written there (never over existing files)."""
-    from .sweep import run_all
-    from .tracking import mlflow_client
-
     budgets, cells = load_capacity(path, offline, overrides, only)
     if not cells:
         raise ConfigError(f"{path}: --only {only!r} leaves no cell to run (the file's skip list may hold them)")
@@ -176,7 +171,7 @@ def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dic
     png = plot_capacity(table, budgets)
     client = mlflow_client(cells[0][2].tracking_uri)
     for result in results:
-        client.log_image(result["run_id"], _image(png), "capacity_map.png")
+        client.log_image(result.run_id, _image(png), "capacity_map.png")
     if outputs:
         os.makedirs(out_dir, exist_ok=True)
         command = f"python -m dsnb capacity -f {path}" + (" --offline" if offline else "") + \

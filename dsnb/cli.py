@@ -7,20 +7,33 @@
     python -m dsnb export -o dsnb_mlflow.zip                             # the store in one zip
     python -m dsnb ui                                                    # how to open MLflow's UI locally
 
-Exit codes: 0 success; 1 a run failed (recorded as a FAILED MLflow run); 2 invalid configuration.
+Exit codes: 0 success; 1 a run failed (recorded as a FAILED MLflow run); 2 invalid configuration (one line,
+no traceback); 130 interrupted (the running variant is stopped and recorded KILLED).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
-from .config import OFFLINE, OFFLINE_ENV, ConfigError, RunConfig, field_docs, field_names, offline_requested, read_yaml
+from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, field_docs, field_names,
+                     offline_requested, read_yaml)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and no abbreviated flags (--learning_rat is refused, not expanded)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        raise ConfigError(f"{message} ({self.prog} --help lists what it takes)")
 
 
 def config_parser() -> argparse.ArgumentParser:
     """Flags shared by every command that builds a RunConfig."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = Parser(add_help=False)
     group = parser.add_argument_group("run config (defaults: the tutorial's values)")
     group.add_argument("-f", "--file", help="YAML file of run-config fields; flags override it")
     group.add_argument("--offline", action="store_true",
@@ -30,26 +43,31 @@ def config_parser() -> argparse.ArgumentParser:
     for name in field_names():
         group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="V",
                            help=f"{docs.get(name, '')} (default {defaults[name]!r})")
+    for old in RENAMED:  # refused with the new name, not as an unknown flag
+        group.add_argument(f"--{old}", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
-    """Defaults < offline preset < YAML file < flags."""
-    values: dict = {}
-    if args.offline or offline_requested():
-        values.update(OFFLINE)
-    if args.file:
-        values.update(read_yaml(args.file))
-    values.update({k: v for k, v in vars(args).items() if k in field_names()})
-    return RunConfig.from_dict(values)
+    """Defaults < offline default < YAML file < flags (RunConfig.layered)."""
+    flags = {k: v for k, v in vars(args).items() if k in field_names() or k in RENAMED}
+    return RunConfig.layered(read_yaml(args.file) if args.file else {}, flags,
+                             offline=args.offline or offline_requested())
 
 
-def main(argv: list[str] | None = None) -> int:
+def flag_overrides(args: argparse.Namespace) -> dict:
+    """The run-config fields given as flags (for commands whose file holds several variants)."""
+    flags = {k: v for k, v in vars(args).items() if k in field_names() or k in RENAMED}
+    check_names(flags)
+    return flags
+
+
+def parser() -> argparse.ArgumentParser:
     common = config_parser()
-    parser = argparse.ArgumentParser(prog="python -m dsnb", description="What DeepSpeed buys you, measured.")
+    top = Parser(prog="python -m dsnb", description="What DeepSpeed buys you, measured.")
     # DeepSpeed's launcher passes --local_rank=N before the command (it also sets LOCAL_RANK, which dsnb reads).
-    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True)
+    top.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     run = sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
     run.add_argument("--resume", action="store_true", help="continue the newest failed or killed run of this "
                      "name from its last checkpoint (needs checkpoint_steps), into the same MLflow run")
@@ -60,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                            "benchmarks/results/<gpu>.json and .md")
     bench.add_argument("--offline", action="store_true", help="synthetic:tiny on the CPU instead of the 3B shape")
     bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
+    bench.add_argument("--untimed", type=int, default=3, help="untimed optimizer steps first")
     bench.add_argument("--gpus", type=int, default=1, help="variants run side by side, one per GPU")
     bench.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     bench.add_argument("--only", default="", help="comma-separated variant names (default: all)")
@@ -79,53 +97,91 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
     ui = sub.add_parser("ui", help="print the command that opens the MLflow UI on 127.0.0.1")
     ui.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
-    args = parser.parse_args(argv)
+    return top
+
+
+def negative_values(argv: list[str]) -> list[str]:
+    """`--learning_rate -1e-4` as `--learning_rate=-1e-4`: argparse would take a negative number for a flag."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and arg.startswith("-") and _number(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _number(text: str) -> bool:
     try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (a job scheduler, `kill`) ends like Ctrl-C: the running variant is stopped and recorded KILLED.
+    signal.signal(signal.SIGTERM, _terminated)
+    argv = negative_values(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except ConfigError as e:
         print(f"dsnb: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("dsnb: interrupted; the running variant was stopped and recorded KILLED", file=sys.stderr)
+        return 130
 
 
 def cmd_run(args) -> int:
-    from .run import gpu_ids, run_variant, train
+    from . import preflight, tracking
+    from .launch import run_variant
 
     cfg = build_config(args)
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    # Before CUDA starts: a one-process run (also run_variant's child) gets one GPU, or the HF Trainer would
-    # spread it over every visible GPU with DataParallel.
-    if "WORLD_SIZE" not in os.environ and cfg.num_gpus == 1:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), 1)[0]
+    preflight.pin_one_gpu(cfg)
     if cfg.num_gpus > 1 and "WORLD_SIZE" not in os.environ:  # not under a launcher yet: start one
         if args.resume:
             raise ConfigError("--resume runs in one process; start it under deepspeed or torchrun yourself")
-        return 0 if run_variant(cfg)["status"] == "FINISHED" else 1
+        return 0 if run_variant(cfg).status == "FINISHED" else 1
+    preflight.check(cfg)
+    if args.resume:
+        run_id, checkpoint = tracking.resumable_run(cfg)
+    else:  # opened here, so a failure can be told as the store holds it
+        run_id, checkpoint = (tracking.create_run(cfg) if preflight.is_rank0() else None), None
+    from .train import train
+
     try:
-        metrics = train(cfg, resume=args.resume)
-    except ConfigError:
+        metrics = train(cfg, run_id, checkpoint)
+    except (ConfigError, KeyboardInterrupt):
         raise
     except Exception:
         import traceback
 
         traceback.print_exc()
-        print("dsnb: the run failed; it is recorded as a FAILED MLflow run with its error", file=sys.stderr)
+        print(f"dsnb: the run failed; {tracking.what_was_recorded(cfg.tracking_uri, run_id)}", file=sys.stderr)
         return 1
     print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
     return 0
 
 
 def cmd_compare(args) -> int:
+    from .launch import run_all
     from .report import compare_table, format_table
-    from .sweep import run_all, tutorial_pair
+    from .sweep import tutorial_pair
+    from .tracking import ui_command
 
     cfg = build_config(args)
     results = run_all(tutorial_pair(cfg))
-    print(format_table(compare_table(cfg.tracking_uri, [r["run_id"] for r in results])))
-    from .tracking import ui_command
-
+    print(format_table(compare_table(results)))
     print(f"\nOpen the runs side by side: {ui_command(cfg.tracking_uri)}")
-    return 0 if all(r["status"] == "FINISHED" for r in results) else 1
+    return 0 if all(r.status == "FINISHED" for r in results) else 1
 
 
 def cmd_sweep(args) -> int:
@@ -135,13 +191,12 @@ def cmd_sweep(args) -> int:
 
     if not args.file:
         raise ConfigError("sweep needs -f <sweep.yaml>, for example variants/sweep_zero_stages.yaml")
-    overrides = {k: v for k, v in vars(args).items() if k in field_names()}
-    results = run_sweep(args.file, offline=args.offline or offline_requested(), overrides=overrides)
-    uri = results[0]["tracking_uri"]
-    print(format_table(compare_table(uri, results)))
-    notebooks = {os.path.dirname(r["notebook"]) for r in results if r["notebook"]}
-    print(f"\nExecuted notebooks: {', '.join(notebooks) or 'none (all skipped)'}; runs: {ui_command(uri)}")
-    return 0 if all(r["status"] == "FINISHED" for r in results) else 1
+    results = run_sweep(args.file, offline=args.offline or offline_requested(), overrides=flag_overrides(args))
+    print(format_table(compare_table(results)))
+    notebooks = {os.path.dirname(r.notebook) for r in results if r.notebook}
+    print(f"\nExecuted notebooks: {', '.join(notebooks) or 'none (all skipped)'}; "
+          f"runs: {ui_command(results[0].tracking_uri)}")
+    return 0 if all(r.status == "FINISHED" for r in results) else 1
 
 
 def cmd_bench(args) -> int:
@@ -160,7 +215,7 @@ def cmd_bench(args) -> int:
                               "benchmarks/results/cpu.json")
         with open(args.baseline) as f:
             baseline = json.load(f)
-    result = run_bench(args.offline or offline_requested(), args.repeats, args.warmup, args.steps, only or None,
+    result = run_bench(args.offline or offline_requested(), args.repeats, args.untimed, args.steps, only or None,
                        args.out, args.tracking_uri, args.gpus)
     print(markdown(result))
     if baseline is not None:
@@ -177,9 +232,8 @@ def cmd_capacity(args) -> int:
 
     if not args.file:
         raise ConfigError("capacity needs -f <capacity.yaml>, for example variants/capacity_map.yaml")
-    overrides = {k: v for k, v in vars(args).items() if k in field_names()}
-    table, fastest, _ = run_capacity(args.file, args.offline or offline_requested(), args.gpus, overrides, args.out,
-                                     only=args.only)
+    table, fastest, _ = run_capacity(args.file, args.offline or offline_requested(), args.gpus, flag_overrides(args),
+                                     args.out, only=args.only)
     print(md_table(table.drop(columns=["run_id"])), md_table(fastest), sep="\n\n")
     print(f"\nwrote {args.out}/capacity.md, .csv and .png")
     return 0

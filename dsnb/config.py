@@ -1,15 +1,17 @@
 """RunConfig: the one description of a training variant.
 
 The notebook's parameters cell, the CLI's ``--<field>`` flags and the YAML variant files all build a
-RunConfig; it validates itself on creation and is logged to MLflow whole.
+RunConfig through one layering, ``RunConfig.layered``; it validates itself on creation and is logged to
+MLflow whole.
 
     cfg = RunConfig(strategy="zero2", offload_optimizer="cpu")
-    cfg = RunConfig.from_yaml("variants/tutorial_deepspeed.yaml", lora_r=0)
-    cfg = RunConfig(**OFFLINE)          # the offline default: synthetic model and data
+    cfg = RunConfig.layered(read_yaml("variants/tutorial_deepspeed.yaml"), {"lora_r": 0}, offline=True)
+    cfg.name, cfg.samples_per_step(world_size=2)
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass
@@ -21,12 +23,21 @@ OFFLOADS = ("none", "cpu", "nvme")
 QUANTIZATIONS = ("none", "8bit", "4bit")
 DTYPES = ("fp32", "bf16", "fp16")
 PADDINGS = ("max_length", "longest", "bucket", "packed")
+PROMPTS = ("eos", "tutorial", "chat")
 
 # The offline default (no GPU, no hub): a few-MB Llama, the synthetic SQuAD-format set and a short
 # run, so the tutorial's comparison finishes in minutes on 2 CPU cores. fp16 needs a GPU, so fp32.
 OFFLINE = dict(model="synthetic:tiny", dataset="synthetic", num_samples=64, dtype="fp32",
                max_length=128, max_steps=8, logging_steps=2)
 OFFLINE_ENV = "DSNB_OFFLINE"  # DSNB_OFFLINE=1 applies OFFLINE under any explicit setting
+# Fields that were renamed: the old name is refused with a message naming the new one.
+RENAMED = {
+    "warmup_steps": "warmup_steps is now untimed_steps (steps left out of the throughput); "
+                    "for a learning-rate warm-up use lr_warmup_steps",
+    "ds_config": "ds_config is now ds_config_path (the path of your own DeepSpeed JSON)",
+}
+INT_MAX = 2**31 - 1  # torch and the tokenizers take sizes and counts as 32-bit integers
+SEED_MAX = 2**32 - 1  # numpy's seed range, which transformers' set_seed goes through
 
 
 class ConfigError(ValueError):
@@ -59,14 +70,20 @@ class RunConfig:
     """Where ZeRO-3 keeps parameters: none | cpu | nvme."""
     nvme_path: str = "/local_nvme"
     """Writable directory on a fast disk for NVMe offload."""
-    ds_config: str = ""
+    ds_config_path: str = ""
     """Path to your own DeepSpeed JSON; replaces the built one (its batch sizes must agree)."""
     dataset: str = "squad"
     """squad (hub), synthetic (offline), or a .json/.jsonl/.csv/.parquet file with SQuAD's fields."""
     num_samples: int = 1000
     """Rows taken from the start of the train split."""
     padding: str = "max_length"
-    """max_length pads every sample to max_length; longest pads each batch to its longest sample; bucket pads it to the next multiple of 64 tokens (few shapes, for torch_compile); packed puts samples end to end in rows of max_length tokens (no padding between them)."""
+    """max_length pads every sample to max_length; longest pads each batch to its longest sample; bucket pads it to
+    the next multiple of 64 tokens (few shapes, for torch_compile); packed puts samples end to end in rows of
+    max_length tokens (no padding between them)."""
+    prompt: str = "eos"
+    """Training text: eos is the tutorial's "질문: ...\\n답변: ..." ending in the tokenizer's end-of-sequence token
+    (so a generated answer stops); tutorial is the tutorial's text exactly (no end token); chat applies the model's own
+    chat template."""
     max_length: int = 512
     """Truncation length in tokens (also the padded length when padding is max_length)."""
     batch_size: int = 2
@@ -74,9 +91,15 @@ class RunConfig:
     grad_accum: int = 4
     """Micro-batches accumulated per optimizer step."""
     torch_compile: bool = False
-    """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step; needs strategy baseline, quantization none, dtype bf16 or fp32, padding bucket, packed or max_length."""
+    """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step, with or
+    without DeepSpeed (its engine compiled); needs quantization none and padding bucket, packed or max_length."""
+    eval_samples: int = 64
+    """Held-out questions answered greedily before and after training, scored with SQuAD's exact match and F1
+    (SQuAD's validation split; offline, synthetic questions no training row holds); 0 skips it."""
     learning_rate: float = 2e-4
-    """Peak learning rate (linear decay, no warm-up)."""
+    """Peak learning rate (linear decay after lr_warmup_steps)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the learning rate rises linearly from 0 to learning_rate (the tutorial: 0)."""
     epochs: float = 5.0
     """Passes over the data; ignored when max_steps > 0."""
     max_steps: int = 0
@@ -84,13 +107,15 @@ class RunConfig:
     logging_steps: int = 50
     """Optimizer steps between loss records."""
     checkpoint_steps: int = 0
-    """Save a checkpoint (weights, optimizer, DeepSpeed engine, data position) every N steps for --resume; 0 means none."""
-    warmup_steps: int = 1
-    """Steps left out of the steady-state throughput (the first steps pay for start-up)."""
+    """Save a checkpoint (weights, optimizer, DeepSpeed engine, data position) every N steps for --resume; 0 means
+    none."""
+    untimed_steps: int = 1
+    """First optimizer steps left out of the steady-state throughput (they pay for start-up and compiling)."""
     memory_budget_gb: float = 0.0
     """Cap on this run's GPU memory in GB (15 for a T4, 22 for an L4); 0 means the whole GPU."""
     num_gpus: int = 1
-    """Processes, one per GPU, started with torchrun; under deepspeed or torchrun yourself, the launcher decides (without GPUs, CPU processes)."""
+    """Processes, one per GPU, started with torchrun; under deepspeed or torchrun yourself, the launcher decides
+    (without GPUs, CPU processes)."""
     seed: int = 42
     """Seed for model init, data order and dropout."""
     tracking_uri: str = "sqlite:///mlflow.db"
@@ -108,76 +133,95 @@ class RunConfig:
         self._coerce_types()
         for name, allowed in (("strategy", STRATEGIES), ("offload_optimizer", OFFLOADS),
                               ("offload_param", OFFLOADS), ("quantization", QUANTIZATIONS),
-                              ("dtype", DTYPES), ("padding", PADDINGS)):
+                              ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS)):
             if getattr(self, name) not in allowed:
                 fail(name, f"is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
+        self._check_ranges()
+        self._check_combination()
+
+    def _coerce_types(self):
+        """Accept strings for numbers and booleans (CLI, YAML), but never round or guess: 2.5 is no integer."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, coerce(f.name, getattr(self, f.name), hints[f.name]))
+
+    def _check_ranges(self):
+        self._check_counts()
+        self._check_rates()
+        self._check_texts()
+
+    def _check_counts(self):
         for name in ("num_samples", "max_length", "batch_size", "grad_accum", "lora_alpha",
                      "logging_steps", "num_gpus"):
             if getattr(self, name) <= 0:
                 fail(name, f"is {getattr(self, name)}; it must be a positive number")
-        for name in ("lora_r", "max_steps", "warmup_steps", "checkpoint_steps"):
+        for name in ("lora_r", "max_steps", "untimed_steps", "checkpoint_steps", "lr_warmup_steps", "eval_samples"):
             if getattr(self, name) < 0:
                 fail(name, f"is {getattr(self, name)}; it must be 0 or more")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if type(value) is int and f.name != "seed" and value > INT_MAX:
+                fail(f.name, f"is {value}; it must be at most {INT_MAX}")
+        if not 0 <= self.seed <= SEED_MAX:
+            fail("seed", f"is {self.seed}; use a seed from 0 to {SEED_MAX}")
+
+    def _check_rates(self):
         if self.memory_budget_gb < 0:
             fail("memory_budget_gb", f"is {self.memory_budget_gb}; use 0 (no cap) or a size in GB")
         if self.learning_rate <= 0 or self.epochs <= 0:
             fail("learning_rate" if self.learning_rate <= 0 else "epochs", "must be positive")
         if not 0 <= self.lora_dropout < 1:
             fail("lora_dropout", f"is {self.lora_dropout}; use a value in [0, 1)")
-        if not self.model:
-            fail("model", "is empty; give a hub id, a local directory or synthetic:tiny")
-        self._check_combination()
 
-    def _coerce_types(self):
-        """Accept strings for numbers (CLI, env) but reject values of the wrong kind."""
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value, kind = getattr(self, f.name), hints[f.name]
-            if isinstance(value, bool) != (kind is bool) and not (kind is bool and isinstance(value, str)):
-                fail(f.name, f"is {value!r}; expected {kind.__name__}")
-            try:
-                if kind is bool and isinstance(value, str):
-                    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[value.lower()]
-                elif kind is int and not isinstance(value, int):
-                    if isinstance(value, float) and not value.is_integer():
-                        raise ValueError
-                    value = int(float(value)) if isinstance(value, str) else int(value)
-                elif kind is float and not isinstance(value, float):
-                    value = float(value)
-                elif kind is str and not isinstance(value, str):
-                    raise ValueError
-            except (TypeError, ValueError, KeyError):
-                fail(f.name, f"is {value!r}; expected {kind.__name__}")
-            setattr(self, f.name, value)
+    def _check_texts(self):
+        for name, hint in (("model", "a hub id, a local directory or synthetic:tiny"),
+                           ("dataset", "squad, synthetic or a data file"), ("tracking_uri", "sqlite:///mlflow.db"),
+                           ("experiment", "a name such as DeepSpeed_Comparison"),
+                           ("output_dir", "a folder such as runs")):
+            if not getattr(self, name).strip():
+                fail(name, f"is empty; give {hint}")
+        targets = self.lora_targets.split(",")
+        if not all(t.strip() and t.strip().replace("_", "").replace(".", "").isalnum() for t in targets):
+            fail("lora_targets", f"is {self.lora_targets!r}; give comma-separated module names such as "
+                                 "q_proj,v_proj, or all-linear")
+        if len(self.run_name) > 250 or any(not c.isprintable() for c in self.run_name):
+            fail("run_name", "must be at most 250 printable characters (MLflow's limit)")
 
     def _check_combination(self):
         """Reject what DeepSpeed cannot do, or silently does differently, before any model loads."""
         stage = self.zero_stage
         offloading = self.offload_optimizer != "none" or self.offload_param != "none"
-        if self.ds_config and stage is None:
-            fail("ds_config", "is set but strategy is baseline; pick a zero strategy")
+        if self.ds_config_path and stage is None:
+            fail("ds_config_path", "is set but strategy is baseline; pick a zero strategy")
         if stage is None and offloading:
             fail("strategy", "baseline cannot offload; use zero1-3 for offload_optimizer, zero3 for offload_param")
         if self.offload_param != "none" and stage != 3:
-            fail("offload_param", f"needs strategy zero3 (got {self.strategy}); set offload_param none or strategy zero3")
+            fail("offload_param", f"needs strategy zero3 (got {self.strategy}); "
+                                  "set offload_param none or strategy zero3")
         if stage == 0 and offloading:
             fail("offload_optimizer", "needs ZeRO stage 1 or more; use strategy zero1, zero2 or zero3")
         if self.offload_optimizer == "nvme" and stage != 3:
-            fail("offload_optimizer", "nvme needs strategy zero3 (below it DeepSpeed quietly uses the CPU); use cpu or zero3")
+            fail("offload_optimizer", "nvme needs strategy zero3 (below it DeepSpeed quietly uses the CPU); "
+                                      "use cpu or zero3")
         if self.quantization == "8bit" and stage == 3:
             fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
         if self.torch_compile:
-            fixed = ("bucket", "packed", "max_length")
-            for name, ok, hint in (("strategy", stage is None, "baseline (DeepSpeed runs its own engine)"),
-                                   ("quantization", self.quantization == "none", "none (bitsandbytes kernels break the graph)"),
-                                   ("dtype", self.dtype != "fp16", "bf16 or fp32 (fp16 needs a loss scaler)"),
-                                   ("padding", self.padding in fixed, "bucket, packed or max_length (fixed shapes)"),
-                                   ("checkpoint_steps", not self.checkpoint_steps, "0 (the compiled loop keeps no checkpoints)"),
-                                   ("num_gpus", self.num_gpus == 1, "1 (the compiled loop runs one process)")):
-                if not ok:
-                    fail(name, f"is {getattr(self, name)!r} but torch_compile needs {hint}; change it or set torch_compile false")
+            self._check_compile()
         if self.quantization != "none" and self.lora_r == 0:
-            fail("quantization", f"{self.quantization} weights cannot be trained directly; set lora_r > 0 (LoRA) or quantization none")
+            fail("quantization", f"{self.quantization} weights cannot be trained directly; "
+                                 "set lora_r > 0 (LoRA) or quantization none")
+
+    def _check_compile(self):
+        fixed = ("bucket", "packed", "max_length")
+        for name, ok, hint in (
+                ("quantization", self.quantization == "none", "none (bitsandbytes kernels break the graph)"),
+                ("padding", self.padding in fixed, "bucket, packed or max_length (fixed shapes)"),
+                ("checkpoint_steps", not self.checkpoint_steps, "0 (the compiled loop keeps no checkpoints)"),
+                ("num_gpus", self.num_gpus == 1 or self.zero_stage is not None,
+                 "1 without DeepSpeed (a zero strategy runs the compiled loop on several GPUs)")):
+            if not ok:
+                fail(name, f"is {getattr(self, name)!r} but torch_compile needs {hint}; "
+                           "change it or set torch_compile false")
 
     @property
     def zero_stage(self) -> int | None:
@@ -187,6 +231,15 @@ class RunConfig:
     @property
     def uses_nvme(self) -> bool:
         return "nvme" in (self.offload_optimizer, self.offload_param)
+
+    @property
+    def name(self) -> str:
+        """The MLflow run name: run_name, or one derived from the variant."""
+        return self.run_name or self.derived_name()
+
+    def samples_per_step(self, world_size: int = 1) -> int:
+        """Samples in one optimizer step over every process."""
+        return self.batch_size * self.grad_accum * world_size
 
     def derived_name(self) -> str:
         """A readable run name: the strategy, offload and training kind."""
@@ -210,28 +263,78 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "RunConfig":
-        """Build from a mapping; unknown keys are an error, not ignored."""
-        unknown = sorted(set(values) - set(field_names()))
-        if unknown:
-            fail(unknown[0], f"is not a run-config field; known fields: {', '.join(field_names())}")
+    def layered(cls, *layers: dict, offline: bool = False) -> "RunConfig":
+        """The one way a config is put together: defaults < the offline default < each layer in order.
+
+        Layers are mappings of fields (a YAML file, a sweep's base and variant, flags, a notebook's
+        parameters); a value in a later layer wins, even where it equals the default. Unknown and renamed
+        fields are errors, not ignored.
+        """
+        values = dict(OFFLINE) if offline else {}
+        for layer in layers:
+            check_names(layer)
+            values.update(layer)
         return cls(**values)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        """Build from one mapping of fields (see layered)."""
+        return cls.layered(values)
 
     @classmethod
     def from_yaml(cls, path: str, **overrides) -> "RunConfig":
         """Build from a YAML file of field: value pairs, then apply overrides."""
-        return cls.from_dict({**read_yaml(path), **overrides})
+        return cls.layered(read_yaml(path), overrides)
+
+
+def coerce(name: str, value, kind):
+    """value as `kind` (bool, int, float or str), or a ConfigError naming the field; 2.5 is never rounded."""
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "text"}[kind]
+    if isinstance(value, str) and kind is not str:
+        text = value.strip().lower()
+        if kind is bool:
+            value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text, value)
+        else:
+            try:
+                value = int(text) if kind is int and text.lstrip("+-").isdigit() else float(text)
+            except ValueError:
+                fail(name, f"is {value!r}; expected {expected}")
+    if kind in (bool, str):
+        if not isinstance(value, kind):
+            fail(name, f"is {value!r}; expected {expected}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(name, f"is {value!r}; expected {expected}")
+    if not math.isfinite(value):
+        fail(name, f"is {value!r}; expected a finite number")
+    if kind is float:
+        return float(value)
+    if isinstance(value, float) and not value.is_integer():
+        fail(name, f"is {value!r}; expected {expected}")
+    return int(value)
+
+
+def check_names(values: dict) -> None:
+    """Every key is a run-config field; a renamed field says its new name."""
+    for key in values:
+        if key in RENAMED:
+            raise ConfigError(RENAMED[key])
+    unknown = sorted(set(values) - set(field_names()), key=str)
+    if unknown:
+        fail(str(unknown[0]), f"is not a run-config field; known fields: {', '.join(field_names())}")
 
 
 def read_yaml(path: str) -> dict:
-    """Read a YAML mapping, with a clear error for a missing or malformed file."""
+    """Read a YAML mapping, with a clear error for a missing, unreadable or malformed file."""
     if not os.path.isfile(path):
         raise ConfigError(f"file {path!r} does not exist; give the path to a YAML file")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             values = yaml.safe_load(f) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {describe(e)}") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"{path} could not be read as UTF-8 text ({describe(e)})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path} must hold field: value pairs, not a {type(values).__name__}")
     return values
@@ -248,28 +351,10 @@ def field_docs() -> dict[str, str]:
 
     tree = ast.parse(inspect.getsource(RunConfig))
     body, docs = tree.body[0].body, {}
-    for node, nxt in zip(body, body[1:]):
+    for node, nxt in zip(body, body[1:], strict=False):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = nxt.value.value
+            docs[node.target.id] = " ".join(nxt.value.value.split())  # one line, however the source wraps it
     return docs
-
-
-def from_notebook(namespace: dict) -> RunConfig:
-    """A RunConfig from a notebook's parameters (the fields found in `namespace`).
-
-    The parameters cell holds the defaults; a value that differs from its default was set on purpose
-    (by hand or by papermill) and wins over the offline default that DSNB_OFFLINE=1 applies.
-    """
-    defaults = RunConfig().to_dict()
-    explicit = {k: namespace[k] for k in field_names() if k in namespace and namespace[k] != defaults[k]}
-    offline = offline_requested()
-    cfg = RunConfig.from_dict({**(OFFLINE if offline else {}), **explicit})
-    from .run import check_environment, pick_device
-
-    check_environment(cfg, pick_device())  # a bad parameter fails here, in the notebook's first dsnb cell
-    source = f"{OFFLINE_ENV}=1: the offline default" if offline else f"{OFFLINE_ENV} unset: the tutorial's defaults"
-    print(f"{source}; model {cfg.model}, dataset {cfg.dataset}, {cfg.derived_name()}")
-    return cfg
 
 
 def offline_requested() -> bool:

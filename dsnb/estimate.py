@@ -54,7 +54,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     total = linear + embeddings + layers * 2 * h + h
     full = cfg.lora_r == 0
     load_bytes = 4 if cfg.dtype == "fp32" or (full and cfg.dtype == "fp16") else 2
-    half = 4 if cfg.dtype == "fp32" else 2
+    act_bytes = 4 if cfg.dtype == "fp32" else 2  # one element of an activation (the compute dtype)
     per_linear = {"none": load_bytes, "8bit": 1.0, "4bit": 0.53}[cfg.quantization]
     weights = linear * per_linear + (total - linear) * (load_bytes if cfg.quantization == "none" else 2)
     trainable_bytes = load_bytes if full else 4
@@ -82,14 +82,14 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
         cpu_opt, gpu_opt = optimizer / world_size, 0.0  # the fp32 gradient copy moves with it
         gpu_grads = min(gpu_grads, BUCKET_BYTES) if stage != 3 else 0.0
     if stage == 3:  # contiguous gradients: one reduce bucket, allocated up front however few weights train
-        gpu_grads += REDUCE_BUCKET * half
+        gpu_grads += REDUCE_BUCKET * act_bytes
         if full:  # a gathered weight's gradient is whole until reduce-scattered; the largest sets the peak
             gpu_grads += largest_weight(config) * load_bytes
     if cfg.offload_param != "none":  # the GPU holds what ZeRO-3 keeps live: stage3_max_live_parameters (1e9)
         cpu_weights, gpu_weights = weights / world_size, min(weights, 1e9 * load_bytes)
 
-    per_token_layer = (8 * h + 4 * inter) * half + ((5 * h + inter) * 2 if cfg.quantization == "8bit" else 0)
-    logits = vocab * 2 * half if cfg.torch_compile else vocab * (half + 8)
+    per_token_layer = (8 * h + 4 * inter) * act_bytes + ((5 * h + inter) * 2 if cfg.quantization == "8bit" else 0)
+    logits = vocab * 2 * act_bytes if cfg.torch_compile else vocab * (act_bytes + 8)
     activations = tokens_per_micro_batch * (layers * per_token_layer + logits)
     gpu = gpu_weights + gpu_grads + gpu_opt + activations
     cpu = cpu_weights + cpu_opt

@@ -3,7 +3,7 @@
     with PeakMemory(device) as mem:       # NVML and RSS sampled in a thread at 20 Hz
         trainer.train()
     mem.summary()                         # peak_gpu_allocated_mb, peak_gpu_reserved_mb, peak_gpu_nvml_mb, ...
-    timer = StepTimer(warmup_steps=1)     # a TrainerCallback; timer.throughput(...) after training
+    timer = StepTimer(device, untimed_steps=1)   # marks after each step; timer.throughput(...) after training
 
 MFU convention: model FLOPs per real (non-padding) token = 6 N for full fine-tuning and 4 N + 6 N_trainable
 with LoRA (forward 2 N, input gradients 2 N, weight gradients only for trained weights), where N counts
@@ -170,25 +170,48 @@ def sync(device: str) -> None:
 
 
 class StepTimer:
-    """Times optimizer steps after `warmup_steps`, with the real tokens seen (Trainer's non-padding count)."""
+    """Times optimizer steps after the first `untimed_steps`, counting the samples and real tokens of the
+    micro-batches the loop consumed (data.BatchLog), so a short batch counts short, in every loop."""
 
-    def __init__(self, device: str, warmup_steps: int):
-        self.device, self.warmup_steps = device, warmup_steps
-        self.marks: list[tuple[float, int, int]] = []  # (time, step, tokens seen)
+    def __init__(self, device: str, untimed_steps: int, batches):
+        self.device, self.untimed_steps, self.batches = device, untimed_steps, batches
+        self.consumed = 0  # micro-batches the loop has trained on
+        self.marks: list[tuple[float, int, int]] = []  # (time, step, micro-batches consumed)
 
-    def mark(self, step: int, tokens: int) -> None:
+    def consume(self) -> None:
+        self.consumed += 1
+
+    def mark(self, step: int) -> None:
         sync(self.device)
-        self.marks.append((time.perf_counter(), step, tokens))
+        self.marks.append((time.perf_counter(), step, self.consumed))
 
-    def throughput(self, samples_per_step: int) -> dict:
-        """Steady-state samples/s and real tokens/s between the warm-up mark and the last step."""
+    def throughput(self, gather: bool = True) -> dict:
+        """Steady-state samples/s and real tokens/s between the last untimed step's mark and the last step's, over
+        every rank (gather: a collective, so every rank must call it), and real tokens per sample of the run."""
         if len(self.marks) < 2:
             return {}
-        first = next((m for m in self.marks if m[1] >= self.warmup_steps), self.marks[0])
+        first = next((m for m in self.marks if m[1] >= self.untimed_steps), self.marks[0])
         if first is self.marks[-1]:
             first = self.marks[0]
-        (t0, s0, k0), (t1, s1, k1) = first, self.marks[-1]
+        (t0, s0, b0), (t1, s1, b1) = first, self.marks[-1]
+        counts = [*self.batches.totals(b1), *self.batches.totals(b0), *self.batches.totals(self.consumed)]
+        samples1, tokens1, samples0, tokens0, samples, tokens = sum_over_ranks(counts) if gather else counts
         seconds = t1 - t0
-        return {"samples_per_second": (s1 - s0) * samples_per_step / seconds,
-                "tokens_per_second": (k1 - k0) / seconds,
-                "step_time_ms": 1000 * seconds / (s1 - s0), "timed_steps": s1 - s0}
+        return {"samples_per_second": (samples1 - samples0) / seconds,
+                "tokens_per_second": (tokens1 - tokens0) / seconds,
+                "step_time_ms": 1000 * seconds / (s1 - s0), "timed_steps": s1 - s0,
+                "real_tokens_per_sample": tokens / max(1, samples)}
+
+
+def sum_over_ranks(values: list[int]) -> list[int]:
+    """Each value summed over every process (itself when there is one)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    total = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        total = total.cuda()
+    dist.all_reduce(total)
+    return [int(v) for v in total.tolist()]

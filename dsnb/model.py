@@ -9,6 +9,7 @@ its own synthetic text, then loaded through the same from_pretrained path as any
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -19,6 +20,9 @@ from .config import ConfigError, RunConfig, describe
 SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=172, vocab_size=0, tie_word_embeddings=True),
+    # Twice tiny's width: learns the offline set's facts on 2 CPU cores within a minute (variants/quality.yaml).
+    "small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=344, vocab_size=0, tie_word_embeddings=True),
     "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                          intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
     "llama-3.2-3b": dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
@@ -26,8 +30,8 @@ SHAPES = {
     "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
 }
-TOKENIZER_VOCAB = 420  # gives ~38 tokens a prompt, near the ~39 of the real model on SQuAD; vocab_size 0 above = this
-SYNTHETIC_VERSION = 1  # bump when SHAPES or the tokenizer change, so cached builds are not reused
+TOKENIZER_VOCAB = 420  # gives ~43 tokens a prompt, near the ~39 of the real model on SQuAD; vocab_size 0 above = this
+SYNTHETIC_VERSION = 2  # bump when SHAPES, the tokenizer or its text change, so cached builds are not reused
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -35,8 +39,9 @@ def cache_dir() -> str:
     return os.environ.get("DSNB_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dsnb"))
 
 
+@functools.lru_cache(maxsize=None)
 def resolve_model(name: str) -> str:
-    """A path or hub id that from_pretrained can load; synthetic models are built on first use."""
+    """A path or hub id that from_pretrained can load; synthetic models are built on first use (once a process)."""
     if name.startswith("synthetic:"):
         shape = name.split(":", 1)[1]
         if shape not in SHAPES:
@@ -53,14 +58,17 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def largest_param(cfg: RunConfig) -> int:
-    """Elements in the model's largest weight, from its config alone (no weights loaded)."""
+@functools.lru_cache(maxsize=None)
+def model_config(name: str):
+    """The text model's config of cfg.model (hub, folder or synthetic), read without loading any weight."""
     from transformers import AutoConfig
 
-    from .estimate import largest_weight
-
-    config = AutoConfig.from_pretrained(resolve_model(cfg.model), trust_remote_code=False)
-    return largest_weight(config.get_text_config())
+    try:
+        config = AutoConfig.from_pretrained(resolve_model(name), trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model {name!r} could not be loaded ({describe(e)}); "
+                          "give an existing hub id, a local folder, or synthetic:tiny offline") from None
+    return config.get_text_config()
 
 
 def build_synthetic(shape: str, path: str, dims: dict | None = None) -> None:
@@ -126,12 +134,12 @@ def load_tokenizer(cfg: RunConfig):
     return tokenizer
 
 
-def load_model(cfg: RunConfig, device: str):
-    """The model of cfg.model in cfg's precision and quantization, with LoRA adapters when lora_r > 0."""
+def load_model(cfg: RunConfig, device: str, tokenizer=None):
+    """(model, tokenizer): cfg.model in cfg's precision and quantization, with LoRA adapters when lora_r > 0."""
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = tokenizer or load_tokenizer(cfg)
     dtype = getattr(torch, TORCH_DTYPES[cfg.dtype])
     if cfg.lora_r == 0 and cfg.dtype == "fp16":
         dtype = torch.float32  # fp16 AMP cannot unscale fp16 gradients: full fine-tuning keeps fp32 masters
@@ -161,7 +169,23 @@ def load_model(cfg: RunConfig, device: str):
                 bias="none", task_type="CAUSAL_LM"))
         except ValueError as e:
             raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({describe(e)})") from None
+        check_targets(cfg, model)
     return model, tokenizer
+
+
+def check_targets(cfg: RunConfig, model) -> None:
+    """Every module name in lora_targets got an adapter: peft drops a misspelled one silently when another matches."""
+    if cfg.lora_targets == "all-linear":
+        return
+    adapted = {name.rsplit(".", 1)[-1] for name in model.targeted_module_names}
+    missing = [t for t in cfg.lora_targets.split(",") if t.strip() not in adapted]
+    if missing:
+        import torch
+
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.get_base_model().named_modules()
+                         if isinstance(m, torch.nn.Linear) and "lora" not in n})
+        raise ConfigError(f"lora_targets {cfg.lora_targets!r}: {missing[0]} matches no module of {cfg.model}; "
+                          f"its linear layers are {', '.join(linear)}")
 
 
 def count_parameters(model) -> tuple[int, int]:

@@ -1,15 +1,18 @@
 """Read runs back from MLflow: side-by-side tables, plots, and which variant fits a GPU budget.
 
-    runs = results                                   # from run_all / run_variant, or find_runs(uri, experiment)
-    compare_table(uri, runs)                         # metrics as rows, runs as columns, ratios to the first
-    plot_runs(uri, runs)                             # memory, throughput, runtime, loss curves; PNG logged to each run
-    savings_table(uri, runs); best_for_budget(uri, runs, 15)
+    runs = results                                   # RunResults from run_all / run_variant / sweeps, or:
+    runs = find_runs(uri, experiment)                # the newest run of each name
+    compare_table(runs)                              # metrics as rows, runs as columns, ratios to the first
+    plot_runs(runs)                                  # memory, throughput, runtime, loss curves; PNG logged to each run
+    savings_table(runs); best_for_budget(runs, 15)
+
+Plots are drawn on matplotlib Figures of their own, so your pyplot backend and figures are left alone.
 """
 from __future__ import annotations
 
 import io
 
-from .tracking import mlflow_client
+from .tracking import RunResult, mlflow_client, search
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
 METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second", "train_steps_per_second",
@@ -19,27 +22,23 @@ SAME_WORK = ("model", "dataset", "num_samples", "max_length", "padding", "batch_
              "epochs", "seed", "learning_rate")
 
 
-def run_ids(runs) -> list[str]:
-    """Run ids from run_variant results, MLflow runs or ids."""
-    return [r["run_id"] if isinstance(r, dict) else getattr(getattr(r, "info", None), "run_id", r) for r in runs]
+def load_runs(runs: list[RunResult]) -> list:
+    """The MLflow runs behind results, as the store holds them now."""
+    return [mlflow_client(r.tracking_uri).get_run(r.run_id) for r in runs]
 
 
-def load_runs(tracking_uri: str, runs) -> list:
-    client = mlflow_client(tracking_uri)
-    return [client.get_run(r) for r in run_ids(runs)]
-
-
-def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED")) -> list:
+def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED")) -> list[RunResult]:
     """The newest run of each name in an experiment, oldest first."""
     client = mlflow_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"experiment {experiment!r} has no runs in {tracking_uri}; run a variant first")
     newest = {}
-    for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"]):
+    for run in search(client, [exp.experiment_id], order_by=["attributes.start_time DESC"]):
         if run.info.status in statuses:
             newest.setdefault(run.info.run_name, run)
-    return sorted(newest.values(), key=lambda r: r.info.start_time)
+    return [RunResult(r.info.run_id, r.info.run_name, r.info.status, tracking_uri, dict(r.data.metrics))
+            for r in sorted(newest.values(), key=lambda r: r.info.start_time)]
 
 
 def _names(runs) -> list[str]:
@@ -50,14 +49,14 @@ def _names(runs) -> list[str]:
     return names
 
 
-def compare_table(tracking_uri: str, runs):
+def compare_table(runs: list[RunResult]):
     """Metrics as rows, runs as columns (by run name), and each run's ratio to the first."""
     import pandas as pd
 
-    loaded = load_runs(tracking_uri, runs)
+    loaded = load_runs(runs)
     names = _names(loaded)
     table = pd.DataFrame({name: [run.info.status] + [run.data.metrics.get(m) for m in METRICS]
-                          for name, run in zip(names, loaded)}, index=["status"] + METRICS)
+                          for name, run in zip(names, loaded, strict=True)}, index=["status"] + METRICS)
     for name in names[1:]:
         ratio = pd.to_numeric(table[name][1:], errors="coerce") / pd.to_numeric(table[names[0]][1:], errors="coerce")
         table[f"{name} / {names[0]}"] = [""] + [f"{x:.2f}x" if pd.notna(x) and abs(x) != float("inf") else ""
@@ -79,10 +78,10 @@ def loss_curve(client, run_id: str) -> tuple[list[int], list[float]]:
     return [m.step for m in history], [m.value for m in history]
 
 
-def same_work(tracking_uri: str, runs, loss_tolerance: float = 0.05) -> str:
+def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
     """Check the runs did the same work: same data, seed and steps, and final losses within tolerance."""
-    client = mlflow_client(tracking_uri)
-    loaded = load_runs(tracking_uri, runs)
+    client = mlflow_client(runs[0].tracking_uri)
+    loaded = load_runs(runs)
     lines = []
     for key in SAME_WORK:
         values = {run.data.params.get(key) for run in loaded}
@@ -98,19 +97,20 @@ def same_work(tracking_uri: str, runs, loss_tolerance: float = 0.05) -> str:
     return "\n".join(lines)
 
 
-def plot_runs(tracking_uri: str, runs, log: bool = True):
+def plot_runs(runs: list[RunResult], log: bool = True):
     """Four panels (peak memory, throughput, runtime, loss curves); the PNG is logged to every run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from IPython.display import Image
+    from matplotlib.figure import Figure
 
-    client = mlflow_client(tracking_uri)
-    loaded = load_runs(tracking_uri, runs)
+    client = mlflow_client(runs[0].tracking_uri)
+    loaded = load_runs(runs)
     names = _names(loaded)
-    metric = lambda run, key: run.data.metrics.get(key, 0.0)  # noqa: E731
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+
+    def metric(run, key):
+        return run.data.metrics.get(key, 0.0)
+
+    fig = Figure(figsize=(12, 8))
+    axes = fig.subplots(2, 2)
     x = range(len(loaded))
     bars = [("peak_gpu_allocated_mb", "GPU allocator peak"), ("peak_gpu_nvml_mb", "GPU NVML peak"),
             ("gpu_memory_used_mb", "GPUtil after-before (tutorial)"), ("peak_cpu_rss_mb", "CPU RSS peak")]
@@ -125,7 +125,7 @@ def plot_runs(tracking_uri: str, runs, log: bool = True):
     axes[0, 1].set(title="steady-state samples/s", xticks=list(x), xticklabels=names)
     axes[1, 0].bar(x, [metric(r, "train_runtime_sec") for r in loaded], color="tab:red")
     axes[1, 0].set(title="train_runtime (s)", xticks=list(x), xticklabels=names)
-    for name, run in zip(names, loaded):
+    for name, run in zip(names, loaded, strict=False):
         axes[1, 1].plot(*loss_curve(client, run.info.run_id), marker="o", label=name)
     axes[1, 1].set(title="training loss", xlabel="optimizer step")
     axes[1, 1].legend(fontsize=8)
@@ -134,23 +134,22 @@ def plot_runs(tracking_uri: str, runs, log: bool = True):
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
     if log:
         for run in loaded:
             client.log_figure(run.info.run_id, fig, "comparison.png")
     return Image(buffer.getvalue())
 
 
-def savings_table(tracking_uri: str, runs, baseline: str | None = None):
+def savings_table(runs: list[RunResult], baseline: str | None = None):
     """Memory saved and speed lost by each run relative to the baseline run (first baseline, else the first)."""
     import pandas as pd
 
-    loaded = load_runs(tracking_uri, runs)
+    loaded = load_runs(runs)
     names = _names(loaded)
     base = next((r for r in loaded if r.data.params.get("strategy") == "baseline"), loaded[0]) \
         if baseline is None else loaded[names.index(baseline)]
     rows = []
-    for name, run in zip(names, loaded):
+    for name, run in zip(names, loaded, strict=False):
         m, b = run.data.metrics, base.data.metrics
         peak = m.get("peak_gpu_allocated_mb") or m.get("peak_cpu_rss_mb")
         base_peak = b.get("peak_gpu_allocated_mb") or b.get("peak_cpu_rss_mb")
@@ -162,10 +161,10 @@ def savings_table(tracking_uri: str, runs, baseline: str | None = None):
     return pd.DataFrame(rows).set_index("run")
 
 
-def best_for_budget(tracking_uri: str, runs, memory_budget_gb: float) -> str:
+def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
     """The fastest finished run whose peak GPU memory (NVML, context included) fits the budget."""
-    loaded, fits = load_runs(tracking_uri, runs), []
-    for name, run in zip(_names(loaded), loaded):
+    loaded, fits = load_runs(runs), []
+    for name, run in zip(_names(loaded), loaded, strict=False):
         peak = run.data.metrics.get("peak_gpu_nvml_mb") or run.data.metrics.get("peak_gpu_allocated_mb", 0)
         if run.info.status == "FINISHED" and peak / 1024 <= memory_budget_gb:
             fits.append((run.data.metrics.get("samples_per_second", 0), name, peak))

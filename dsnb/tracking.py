@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -16,14 +17,37 @@ import socket
 import sqlite3
 import sys
 import tempfile
+import traceback
 import zipfile
 from importlib import metadata
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig, describe
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
 PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "datasets", "mlflow",
             "mlflow-skinny", "tokenizers", "GPUtil", "nvidia-ml-py", "papermill", "dsnb")
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One variant's MLflow run, as every runner (run_variant, run_all, sweeps, bench) returns it and every
+    report reads it."""
+
+    run_id: str
+    name: str
+    status: str  # FINISHED | FAILED | KILLED | RUNNING, as the store holds it
+    tracking_uri: str
+    metrics: dict
+    returncode: int | None = None  # the training process's exit code; None where no process ran
+    wall_seconds: float | None = None  # the training process, start to end
+    notebook: str | None = None  # a sweep variant's executed notebook
+    skipped: bool = False  # a sweep variant that had already finished
+
+    @classmethod
+    def read(cls, tracking_uri: str, run_id: str, **extra) -> "RunResult":
+        """The run as the store holds it now."""
+        run = mlflow_client(tracking_uri).get_run(run_id)
+        return cls(run_id, run.info.run_name, run.info.status, tracking_uri, dict(run.data.metrics), **extra)
 
 
 def sqlite_path(uri: str) -> str | None:
@@ -74,6 +98,11 @@ def experiment_id(cfg: RunConfig) -> str:
     init_store(uri)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(cfg.experiment)
+    if exp is not None and exp.lifecycle_stage == "deleted":
+        # Deleted in the UI (it only moves to the trash): restore it rather than fail on every later command.
+        mlflow_client(uri).restore_experiment(exp.experiment_id)
+        print(f"dsnb: experiment {cfg.experiment!r} had been deleted in MLflow; restored it with its runs "
+              "(to start afresh instead, set experiment to a new name)", file=sys.stderr)
     if exp is not None:
         return exp.experiment_id
     db = sqlite_path(cfg.tracking_uri)
@@ -95,7 +124,7 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
     if run_id is None:
         mark_stale_runs(client)
         owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid())}
-        run_id = client.create_run(experiment, run_name=cfg.run_name or cfg.derived_name(),
+        run_id = client.create_run(experiment, run_name=cfg.name,
                                    tags=owner).info.run_id
     client.log_batch(run_id, params=[Param(k, str(v)) for k, v in cfg.to_dict().items()],
                      tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
@@ -113,6 +142,19 @@ def tracked_run(cfg: RunConfig, run_id: str | None = None):
         yield run
 
 
+def search(client, experiment_ids: list[str], filter_string: str = "", order_by: list[str] | None = None) -> list:
+    """Every run matching a filter of fixed attributes (never a user's value: names and paths are compared in
+    Python, since a quote in one would break MLflow's filter syntax), all pages."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string, max_results=1000, order_by=order_by,
+                                  page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
 def same_config(run, cfg: RunConfig) -> bool:
     """Whether an MLflow run was started with exactly cfg (its other params are measurements)."""
     return all(run.data.params.get(k) == str(v) for k, v in cfg.to_dict().items())
@@ -125,7 +167,7 @@ def mark_stale_runs(client) -> list[str]:
     stale = []
     host = socket.gethostname()
     experiments = [e.experiment_id for e in client.search_experiments()]
-    for run in client.search_runs(experiments, "attributes.status = 'RUNNING'") if experiments else []:
+    for run in search(client, experiments, "attributes.status = 'RUNNING'") if experiments else []:
         tags = run.data.tags
         if tags.get("dsnb.host") == host and tags.get("dsnb.pid") and not psutil.pid_exists(int(tags["dsnb.pid"])):
             client.set_tag(run.info.run_id, "failure", "killed")
@@ -140,6 +182,20 @@ def finish(run_id: str, tracking_uri: str, status: str) -> None:
     client = mlflow_client(tracking_uri)
     if client.get_run(run_id).info.status == "RUNNING":
         client.set_terminated(run_id, status=status)
+
+
+def what_was_recorded(tracking_uri: str, run_id: str | None) -> str:
+    """In words, what the store holds of a run that failed: never claim a record that is not there."""
+    if run_id is None:
+        return "another rank records it"
+    try:
+        status = mlflow_client(tracking_uri).get_run(run_id).info.status
+    except Exception as e:  # the store itself is what failed
+        return f"nothing could be read back from {tracking_uri} ({describe(e)})"
+    if status == "RUNNING":
+        return (f"its MLflow run {run_id} could not be closed and still shows RUNNING "
+                "(the next dsnb start marks it KILLED)")
+    return f"it is recorded as a {status} MLflow run ({run_id}) with its error"
 
 
 def log_json(obj, name: str) -> None:
@@ -202,3 +258,40 @@ def export_store(tracking_uri: str, dest: str) -> str:
 def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:
     """The command that opens the MLflow UI on this machine only (no auth: keep it off the network)."""
     return f"mlflow ui --backend-store-uri {tracking_uri} --host {host} --port {port}"
+
+
+def resumable_run(cfg: RunConfig) -> tuple[str, str]:
+    """(run id, last checkpoint) of the newest FAILED or KILLED run named like cfg's that left a checkpoint."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    experiment = experiment_id(cfg)
+    client = mlflow_client(cfg.tracking_uri)
+    mark_stale_runs(client)
+    runs = search(client, [experiment], "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
+                  order_by=["attributes.start_time DESC"])
+    for run in (r for r in runs if r.info.run_name == cfg.name):
+        folder = os.path.join(cfg.output_dir, run.info.run_id)
+        checkpoint = get_last_checkpoint(folder) if os.path.isdir(folder) else None
+        if checkpoint:
+            if not same_config(run, cfg):
+                raise ConfigError(f"run {cfg.name} ({run.info.run_id}) was started with another config; resume it "
+                                  "with the same fields, or drop --resume to start afresh")
+            return run.info.run_id, checkpoint
+    raise ConfigError(f"nothing to resume: no failed or killed run named {cfg.name} with a checkpoint under "
+                      f"{cfg.output_dir}/ (set checkpoint_steps to save them); run without --resume")
+
+
+def record_failure(error: BaseException, measured: dict) -> None:
+    """What a failed run measured, why it failed (oom, interrupted or the error's type) and its traceback, on
+    the active run. An interrupt (Ctrl-C, SIGTERM, the parent gone) ends the run KILLED, any other error FAILED."""
+    import mlflow
+    import torch
+
+    mlflow.log_metrics(measured)
+    oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+    interrupted = isinstance(error, KeyboardInterrupt)
+    failure = "oom" if oom else "interrupted" if interrupted else type(error).__name__
+    mlflow.set_tags({"failure": failure, "error": describe(error, 500)})
+    mlflow.log_text("".join(traceback.format_exception(error)), "error.txt")
+    if interrupted:
+        mlflow.end_run("KILLED")

@@ -1,14 +1,15 @@
 """DeepSpeed configs as pure functions of a RunConfig (no I/O), checked against golden JSON files.
 
-    zero_section(2, offload_optimizer="cpu")   # {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
-    ds_config(cfg, world_size=1)               # the whole config handed to TrainingArguments(deepspeed=...)
+    zero_section(2, offload_optimizer="cpu")
+    # -> {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    deepspeed_config(cfg, world_size=1)        # the whole config handed to TrainingArguments(deepspeed=...)
 
 Values the HF Trainer owns (learning rate, betas, clipping) stay "auto" here; the Trainer fills them
 in at run time and dsnb logs that resolved config with the run.
 """
 from __future__ import annotations
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 
 
 def zero_section(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
@@ -21,10 +22,10 @@ def zero_section(stage: int, offload_optimizer: str = "none", offload_param: str
     return {"zero_optimization": zero}
 
 
-def ds_config(cfg: RunConfig, world_size: int = 1, largest_param: int = 0) -> dict:
+def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 0) -> dict:
     """The full DeepSpeed config for a ZeRO variant of `cfg` on `world_size` devices.
 
-    largest_param: elements in the model's largest weight; parameters swapped to NVMe pass through
+    largest_weight: elements in the model's largest weight; parameters swapped to NVMe pass through
     buffers that must hold it (DeepSpeed's default of 1e8 is smaller than a 128k-token embedding).
     """
     stage = cfg.zero_stage
@@ -40,7 +41,7 @@ def ds_config(cfg: RunConfig, world_size: int = 1, largest_param: int = 0) -> di
         # Saving the trained model needs the partitioned weights gathered back into one state dict.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     config = {
-        "train_batch_size": cfg.batch_size * cfg.grad_accum * world_size,
+        "train_batch_size": cfg.samples_per_step(world_size),
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "gradient_accumulation_steps": cfg.grad_accum,
         "gradient_clipping": "auto",
@@ -55,7 +56,7 @@ def ds_config(cfg: RunConfig, world_size: int = 1, largest_param: int = 0) -> di
         config["optimizer"] = {"type": "AdamW", "params": {
             "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
     if cfg.offload_param == "nvme":
-        zero["offload_param"]["buffer_size"] = max(100_000_000, largest_param)
+        zero["offload_param"]["buffer_size"] = max(100_000_000, largest_weight)
         # A parameter ZeRO-3 keeps for reuse (by default anything reused within 1e9 elements: a whole small
         # model) keeps its swap buffer too; from step 2 the 5 buffers run out ("Not enough buffers 0 for
         # swapping 1", measured on the H200). Released after each use, a weight needs a buffer only in flight.
@@ -69,11 +70,9 @@ def ds_config(cfg: RunConfig, world_size: int = 1, largest_param: int = 0) -> di
 
 def check_batch_sizes(config: dict, cfg: RunConfig, world_size: int = 1) -> None:
     """Raise a ConfigError when a user-supplied DeepSpeed config disagrees with the run's batch sizes."""
-    from .config import ConfigError
-
     want = {"train_micro_batch_size_per_gpu": cfg.batch_size,
             "gradient_accumulation_steps": cfg.grad_accum,
-            "train_batch_size": cfg.batch_size * cfg.grad_accum * world_size}
+            "train_batch_size": cfg.samples_per_step(world_size)}
     for key, value in want.items():
         got = config.get(key, "auto")
         if got != "auto" and got != value:

@@ -81,12 +81,12 @@ both runs land in MLflow with their whole config.
         new_markdown_cell("## Side by side, read back from MLflow\nThe tutorial's metrics first "
                           "(`gpu_memory_used_mb` is its GPUtil after-minus-before reading), then peak memory from "
                           "the allocator and NVML, steady-state throughput and MFU."),
-        new_code_cell("dsnb.compare_table(cfg.tracking_uri, results)"),
+        new_code_cell("dsnb.compare_table(results)"),
         new_markdown_cell("## Did both runs do the same work?\nSame data, seed and steps, and final losses "
                           "that agree: otherwise the comparison means nothing."),
-        checked("print(dsnb.same_work(cfg.tracking_uri, results))"),
+        checked("print(dsnb.same_work(results))"),
         new_markdown_cell("## Plots\nAlso logged to each run as `comparison.png`."),
-        new_code_cell("dsnb.plot_runs(cfg.tracking_uri, results)"),
+        new_code_cell("dsnb.plot_runs(results)"),
         new_markdown_cell("""## Take the results with you
 `python -m dsnb export -o dsnb_mlflow.zip` writes the store (SQLite file and artifacts) to one zip; on
 Colab, download it with `from google.colab import files; files.download("dsnb_mlflow.zip")`. Unzip it
@@ -113,10 +113,10 @@ per variant: `python -m dsnb sweep -f variants/sweep_zero_stages.yaml`.
         checked("import dsnb\n\ncfg = dsnb.from_notebook(globals())"),
         new_markdown_cell("## Train"),
         new_code_cell("result = dsnb.run_variant(cfg)"),
-        checked("print(result[\"name\"], result[\"status\"])"),
+        checked("print(result.name, result.status)"),
         new_markdown_cell("## What it cost"),
-        new_code_cell("dsnb.compare_table(cfg.tracking_uri, [result])"),
-        new_code_cell("dsnb.plot_runs(cfg.tracking_uri, [result])"),
+        new_code_cell("dsnb.compare_table([result])"),
+        new_code_cell("dsnb.plot_runs([result])"),
     ]
 
 
@@ -133,13 +133,13 @@ are sizing for: 15 for a T4, 22 for an L4, 40 or 80 for an A100."""),
         parameters_cell(["tracking_uri", "experiment", "memory_budget_gb"]),
         new_markdown_cell("## The runs"),
         new_code_cell("import dsnb\n\nruns = dsnb.find_runs(tracking_uri, experiment)\n"
-                      "dsnb.compare_table(tracking_uri, runs)"),
+                      "dsnb.compare_table(runs)"),
         new_markdown_cell("## Memory saved and speed lost against the baseline"),
-        new_code_cell("dsnb.savings_table(tracking_uri, runs)"),
-        new_code_cell("dsnb.plot_runs(tracking_uri, runs, log=False)"),
+        new_code_cell("dsnb.savings_table(runs)"),
+        new_code_cell("dsnb.plot_runs(runs, log=False)"),
         new_markdown_cell("## The fastest variant that fits the budget\nPeak GPU memory as NVML saw it "
                           "(the CUDA context included), against `memory_budget_gb`."),
-        new_code_cell("print(dsnb.best_for_budget(tracking_uri, runs, memory_budget_gb))"),
+        new_code_cell("print(dsnb.best_for_budget(runs, memory_budget_gb))"),
     ]
 
 
@@ -153,7 +153,8 @@ def main():
         nb.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
                            language_info={"name": "python"})
         if name == "03_compare_runs.ipynb":
-            nb.cells[3].source = nb.cells[3].source.replace("memory_budget_gb: float = 0.0", "memory_budget_gb: float = 15.0")
+            nb.cells[3].source = nb.cells[3].source.replace("memory_budget_gb: float = 0.0",
+                                                            "memory_budget_gb: float = 15.0")
         nbformat.write(nb, os.path.join(HERE, name))
     if "--execute" in sys.argv:
         import tempfile

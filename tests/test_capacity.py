@@ -3,6 +3,7 @@ import pytest
 
 from dsnb.capacity import capacity_table, fastest_fitting, fit, load_capacity, run_capacity
 from dsnb.config import ConfigError, RunConfig
+from dsnb.tracking import RunResult
 
 SPEC = """# python -m dsnb capacity -f capacity.yaml --offline
 models: [synthetic:llama-3.2-1b]
@@ -64,6 +65,6 @@ def test_capacity_map_runs_every_cell_and_keeps_going(workdir):
     assert "python -m dsnb capacity -f capacity.yaml --offline" in report and "| full_zero2 |" in report
     with pytest.raises(ConfigError, match="exists"):  # never over an earlier map
         run_capacity("capacity.yaml", offline=True, out_dir="out", progress=False)
-    rows = capacity_table([("m", "x", RunConfig())], [{"status": "FINISHED", "run_id": "r", "metrics": {
-        "samples_per_second": 3.0, "peak_gpu_allocated_mb": 2048.0, "peak_gpu_nvml_mb": 3072.0}}], [2.5])
+    rows = capacity_table([("m", "x", RunConfig())], [RunResult("r", "x", "FINISHED", "", {
+        "samples_per_second": 3.0, "peak_gpu_allocated_mb": 2048.0, "peak_gpu_nvml_mb": 3072.0})], [2.5])
     assert rows.loc[0, "2.5 GB"] == "tight" and fastest_fitting(rows, [2.5])["fastest_variant"][0] is None

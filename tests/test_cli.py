@@ -58,7 +58,7 @@ def test_offline_compare_end_to_end(workdir):
     (["--dataset", "missing.jsonl"], "dataset file 'missing.jsonl' does not exist"),
     (["--model", "some-org/no-such-model"], "model 'some-org/no-such-model' could not be loaded"),
     (["--memory_budget_gb", "15"], "memory_budget_gb caps GPU memory and this machine has no GPU"),
-    (["--strategy", "zero2", "--ds_config", "missing.json"], "ds_config 'missing.json' does not exist"),
+    (["--strategy", "zero2", "--ds_config_path", "missing.json"], "ds_config 'missing.json' does not exist"),
     (["--model", "synthetic:huge"], "synthetic shapes are"),
 ])
 def test_invalid_configuration_exits_2_with_one_line(workdir, flags, message):

@@ -37,9 +37,9 @@ def test_every_field_is_documented():
     (dict(batch_size=True), "batch_size"),
     (dict(num_gpus=0), "num_gpus"),
     (dict(torch_compile=True), "quantization"),  # bitsandbytes' 8-bit kernels under compile
-    (dict(torch_compile=True, quantization="none", dtype="bf16", strategy="zero2"), "strategy"),
+    (dict(torch_compile=True, quantization="none", dtype="bf16", padding="longest", strategy="zero2"), "padding"),
     (dict(torch_compile=True, quantization="none", dtype="bf16", padding="longest"), "padding"),
-    (dict(torch_compile=True, quantization="none", dtype="fp16", padding="bucket"), "dtype"),
+    (dict(torch_compile=True, quantization="4bit", dtype="fp16", padding="bucket"), "quantization"),
     (dict(torch_compile=True, quantization="none", dtype="bf16", padding="bucket", num_gpus=2), "num_gpus"),
     (dict(torch_compile=True, quantization="none", dtype="bf16", padding="bucket", checkpoint_steps=5),
      "checkpoint_steps"),

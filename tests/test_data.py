@@ -22,7 +22,7 @@ def test_synthetic_is_deterministic_squad_format_in_two_languages():
     assert any("수도" in p for p in prompts) and any("capital" in p for p in prompts)
     assert any(p.endswith(NO_ANSWER) for p in prompts)
     for r in rows:  # answers point into their context, as in SQuAD
-        for text, start in zip(r["answers"]["text"], r["answers"]["answer_start"]):
+        for text, start in zip(r["answers"]["text"], r["answers"]["answer_start"], strict=False):
             assert r["context"][start:start + len(text)] == text
 
 
@@ -59,7 +59,7 @@ def test_packed_rows_give_the_padded_batch_its_loss(tokenizer):
     """Packing changes the layout only: same predicted tokens, same loss, within fp32 rounding."""
     import torch
 
-    from dsnb.data import real_tokens
+    from dsnb.data import BatchLog
     from dsnb.model import load_model
 
     padded_cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, padding="longest", num_samples=12))
@@ -71,7 +71,9 @@ def test_packed_rows_give_the_padded_batch_its_loss(tokenizer):
     assert "attention_mask" not in packed and packed["input_ids"].shape[1] == 128
     assert 1 < packed["input_ids"].shape[0] < 12  # several samples share a row
     assert packed["input_ids"].shape[0] % PACK_ROWS == 0  # padding rows round the count: fewer shapes
-    assert int(real_tokens(packed, tokenizer.pad_token_id)) == int(padded["attention_mask"].sum())
+    counted = BatchLog(collator(tokenizer, packed_cfg))
+    counted(features)  # what the throughput counts of a packed batch: the padded batch's real tokens
+    assert counted.sizes == [(12, int(padded["attention_mask"].sum()))]
     predicted = int((padded["labels"][:, 1:] != -100).sum())
     assert int((packed["labels"][:, 1:] != -100).sum()) == predicted
     model, _ = load_model(padded_cfg, "cpu")
@@ -81,7 +83,7 @@ def test_packed_rows_give_the_padded_batch_its_loss(tokenizer):
     assert float(b) == pytest.approx(float(a), rel=1e-5)
     packed["position_ids"][:] = torch.arange(128)  # without restarts the samples see each other
     with torch.no_grad():
-        assert abs(float(model(**packed).loss) - float(a)) > 1e-3
+        assert abs(float(model(**packed).loss) - float(a)) > 3e-4  # 5x the tolerance the packed loss is held to
 
 
 def test_local_files_in_every_format(tmp_path):

@@ -51,7 +51,7 @@ def test_zero3_loads_each_weight_into_its_partition_and_counts_it_whole(monkeypa
     full size."""
     from transformers.integrations import HfDeepSpeedConfig
 
-    from dsnb.zero import ds_config
+    from dsnb.zero import deepspeed_config
 
     for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
                             DS_ACCELERATOR="cpu").items():
@@ -59,7 +59,7 @@ def test_zero3_loads_each_weight_into_its_partition_and_counts_it_whole(monkeypa
     cfg = RunConfig(**OFFLINE, quantization="none", lora_r=0, strategy="zero3", offload_param="cpu",
                     offload_optimizer="cpu")
     plain, _ = load_model(cfg.replace(strategy="baseline", offload_param="none", offload_optimizer="none"), "cpu")
-    loading = HfDeepSpeedConfig(ds_config(cfg))
+    loading = HfDeepSpeedConfig(deepspeed_config(cfg))
     model, _ = load_model(cfg, "cpu")
     assert all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters())
     assert count_parameters(model) == count_parameters(plain)

@@ -13,7 +13,7 @@ import pytest
 
 from dsnb.config import OFFLINE, RunConfig
 from dsnb.model import resolve_model
-from dsnb.sweep import run_all
+from dsnb.launch import run_all
 
 pytestmark = pytest.mark.slow
 VICTIM = "soak-victim"
@@ -25,7 +25,7 @@ def kill_victim_when_training(stop):
         for child in psutil.Process().children(recursive=True):
             try:
                 config = child.cmdline()[-1]
-                if config.endswith("config.json") and json.load(open(config)).get("run_name") == VICTIM \
+                if config.endswith("child.json") and json.load(open(config))["config"].get("run_name") == VICTIM \
                         and time.time() - child.create_time() > 8:
                     child.kill()
                     return

@@ -3,7 +3,7 @@ import mlflow
 import pytest
 
 from dsnb.config import OFFLINE, RunConfig
-from dsnb.sweep import run_all
+from dsnb.launch import run_all
 
 pytestmark = pytest.mark.integration
 
@@ -23,14 +23,14 @@ def stage_runs(tmp_path_factory):
     uri = f"sqlite:///{tmp_path_factory.mktemp('zero')}/mlflow.db"
     cfgs = [RunConfig(**BASE, tracking_uri=uri, run_name="baseline")]
     cfgs += [RunConfig(**BASE, **changes, tracking_uri=uri, run_name=name) for name, changes in STAGES.items()]
-    return uri, {r["name"]: r for r in run_all(cfgs, progress=False)}
+    return uri, {r.name: r for r in run_all(cfgs, progress=False)}
 
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_zero_stage_matches_baseline_loss(stage_runs, stage):
     uri, runs = stage_runs
-    assert runs["baseline"]["status"] == "FINISHED" and runs[stage]["status"] == "FINISHED"
-    base, zero = loss_curve(uri, runs["baseline"]["run_id"]), loss_curve(uri, runs[stage]["run_id"])
+    assert runs["baseline"].status == "FINISHED" and runs[stage].status == "FINISHED"
+    base, zero = loss_curve(uri, runs["baseline"].run_id), loss_curve(uri, runs[stage].run_id)
     assert len(base) == len(zero) == 5
     assert base[-1] < base[0] - 0.05  # training moved the loss, so agreement is not trivial
     assert zero == pytest.approx(base, rel=1e-4, abs=1e-4)
@@ -41,11 +41,11 @@ def test_tutorial_8bit_lora_zero2_offload_runs_on_cpu(workdir):
                     tracking_uri=f"sqlite:///{workdir}/mlflow.db")
     assert cfg.quantization == "8bit" and cfg.lora_r == 16
     result = run_all([cfg], progress=False)[0]
-    assert result["status"] == "FINISHED", result
+    assert result.status == "FINISHED", result
     client = mlflow.MlflowClient(cfg.tracking_uri)
-    run = client.get_run(result["run_id"])
+    run = client.get_run(result.run_id)
     assert int(run.data.params["trainable_params"]) < int(run.data.params["total_params"]) / 5
-    artifacts = {a.path for a in client.list_artifacts(result["run_id"])}
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert {"deepspeed_config.json", "environment.json", "model", "train.log"} <= artifacts
 
 
@@ -60,12 +60,12 @@ def test_fast_recipe_keeps_the_math(tmp_path):
     fast = RunConfig(**{**common, **FAST, "dtype": "fp32"}, run_name="fast")
     assert (fast.padding, fast.batch_size * fast.grad_accum) == ("longest", plain.batch_size * plain.grad_accum)
     results = run_all([plain, fast], progress=False)
-    assert [r["status"] for r in results] == ["FINISHED", "FINISHED"]
-    plain_curve, fast_curve = (loss_curve(uri, r["run_id"]) for r in results)
+    assert [r.status for r in results] == ["FINISHED", "FINISHED"]
+    plain_curve, fast_curve = (loss_curve(uri, r.run_id) for r in results)
     assert len(plain_curve) == 4 and plain_curve[-1] < plain_curve[0]
     # Equal up to fp32 summation order (one batch of 8 vs four of 2), which Adam's normalised steps carry on.
     assert fast_curve == pytest.approx(plain_curve, rel=1e-3)
-    real = [r["metrics"]["real_tokens_per_sample"] for r in results]
+    real = [r.metrics["real_tokens_per_sample"] for r in results]
     assert real[0] == pytest.approx(real[1])  # the same real tokens, only the padding differs
 
 
@@ -78,16 +78,42 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path):
     compiled = trainer.replace(torch_compile=True, run_name="compiled")
     packed = compiled.replace(padding="packed", run_name="packed")
     results = run_all([trainer, compiled, packed], progress=False)
-    assert [r["status"] for r in results] == ["FINISHED"] * 3, results
-    curves = [loss_curve(uri, r["run_id"]) for r in results]
+    assert [r.status for r in results] == ["FINISHED"] * 3, results
+    curves = [loss_curve(uri, r.run_id) for r in results]
     assert len(curves[0]) == 4 and curves[0][-1] < curves[0][0]
     # Step 1 (same weights, same batches, same loss normalisation) agrees to rounding; later steps carry
     # the compiled kernels' other summation order through Adam's normalised updates.
-    assert curves[1][0] == pytest.approx(curves[0][0], rel=1e-5) and curves[2][0] == pytest.approx(curves[0][0], rel=1e-5)
+    assert curves[1][0] == pytest.approx(curves[0][0], rel=1e-5)
+    assert curves[2][0] == pytest.approx(curves[0][0], rel=1e-5)
     assert curves[1] == pytest.approx(curves[0], rel=1e-3) and curves[2] == pytest.approx(curves[0], rel=1e-3)
-    real = [r["metrics"]["real_tokens_per_sample"] for r in results]
+    real = [r.metrics["real_tokens_per_sample"] for r in results]
     assert real[1] == pytest.approx(real[0]) and real[2] == pytest.approx(real[0])
-    assert all(r["metrics"]["tokens_per_second"] > 0 for r in results)
+    assert all(r.metrics["tokens_per_second"] > 0 for r in results)
+
+
+def test_compiled_deepspeed_keeps_the_trainers_math(tmp_path, monkeypatch):
+    """dsnb's loop driving the DeepSpeed engine, compiled, logs the Trainer's loss curve: ZeRO-2 LoRA with CPU
+    optimizer offload, and ZeRO-3 full fine-tuning; the fp16 loss scaler (forced on an fp32 run) changes nothing."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
+                  grad_accum=2, lora_dropout=0.0, padding="bucket", save_model=False, tracking_uri=uri)
+    zero2 = RunConfig(**common, strategy="zero2", offload_optimizer="cpu", run_name="zero2")
+    zero3 = RunConfig(**dict(common, lora_r=0), strategy="zero3", run_name="zero3")
+    plain = RunConfig(**common, run_name="plain")
+    cfgs = [zero2, zero2.replace(torch_compile=True, run_name="zero2_compiled"), zero3,
+            zero3.replace(torch_compile=True, run_name="zero3_compiled"), plain]
+    results = {r.name: r for r in run_all(cfgs, progress=False)}
+    monkeypatch.setenv("DSNB_LOSS_SCALE", "1")
+    results.update({r.name: r for r in run_all([plain.replace(torch_compile=True, run_name="scaled")],
+                                                progress=False)})
+    assert {r.status for r in results.values()} == {"FINISHED"}, results
+    curve = {name: loss_curve(uri, r.run_id) for name, r in results.items()}
+    for name in ("zero2", "zero3", "plain"):
+        assert len(curve[name]) == 4 and curve[name][-1] < curve[name][0]
+    assert curve["zero2_compiled"] == pytest.approx(curve["zero2"], rel=1e-3)
+    assert curve["zero3_compiled"] == pytest.approx(curve["zero3"], rel=1e-3)
+    assert curve["scaled"] == pytest.approx(curve["plain"], rel=1e-3)
+    assert results["zero3_compiled"].metrics["samples_per_second"] > 0
 
 
 def test_two_processes_record_each_ranks_peak(tmp_path):
@@ -95,19 +121,19 @@ def test_two_processes_record_each_ranks_peak(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = RunConfig(**dict(BASE, max_steps=3), strategy="zero3", num_gpus=2, tracking_uri=uri)
     result = run_all([cfg], progress=False)[0]
-    assert result["status"] == "FINISHED", result
-    metrics = result["metrics"]
+    assert result.status == "FINISHED", result
+    metrics = result.metrics
     ranks = [metrics["peak_cpu_rss_mb_rank0"], metrics["peak_cpu_rss_mb_rank1"]]
     assert min(ranks) > 100 and metrics["peak_cpu_rss_mb"] == max(ranks)
     client = mlflow.MlflowClient(uri)
-    assert len(loss_curve(uri, result["run_id"])) == 3  # one run, logged once, not once per rank
+    assert len(loss_curve(uri, result.run_id)) == 3  # one run, logged once, not once per rank
     # Each rank holds a partition of every weight; the counts are still the whole model's.
     from dsnb.model import count_parameters, load_model
 
     whole = count_parameters(load_model(cfg.replace(strategy="baseline", num_gpus=1), "cpu")[0])
-    params = client.get_run(result["run_id"]).data.params
+    params = client.get_run(result.run_id).data.params
     assert (int(params["trainable_params"]), int(params["total_params"])) == whole
-    env = client.download_artifacts(result["run_id"], "environment.json", str(tmp_path))
+    env = client.download_artifacts(result.run_id, "environment.json", str(tmp_path))
     assert '"world_size": 2' in open(env).read()
 
 
@@ -136,8 +162,8 @@ def test_zero_infinity_nvme_matches_baseline_loss(tmp_path):
     cfg = base.replace(strategy="zero3", offload_optimizer="nvme", offload_param="nvme", nvme_path=str(nvme),
                        run_name="zero3_nvme")
     baseline, result = run_all([base, cfg], progress=False)
-    assert baseline["status"] == result["status"] == "FINISHED"
+    assert baseline.status == result.status == "FINISHED"
     assert {p.name for p in (nvme / "zero_stage_3").iterdir()} == {"optimizer", "float32params"}
-    curve = loss_curve(uri, baseline["run_id"])
+    curve = loss_curve(uri, baseline.run_id)
     assert curve[-1] < curve[0] - 0.05
-    assert loss_curve(uri, result["run_id"]) == pytest.approx(curve, rel=1e-4, abs=1e-4)
+    assert loss_curve(uri, result.run_id) == pytest.approx(curve, rel=1e-4, abs=1e-4)

@@ -6,18 +6,20 @@ import pathlib
 import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
-from dsnb.zero import check_batch_sizes, ds_config, zero_section
+from dsnb.zero import check_batch_sizes, deepspeed_config, zero_section
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
 # The tutorial's four snippets, verbatim.
 TUTORIAL_SNIPPETS = {
     "snippet1_zero1": ((1,), {"zero_optimization": {"stage": 1}}),
-    "snippet2_zero2_offload_cpu": ((2, "cpu"), {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}),
+    "snippet2_zero2_offload_cpu": ((2, "cpu"), {"zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "cpu"}}}),
     "snippet3_zero3_param_nvme": ((3, "none", "nvme", "/local_nvme"), {"zero_optimization": {
         "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}}),
     "snippet4_zero3_opt_cpu_param_nvme": ((3, "cpu", "nvme", "/local_nvme"), {"zero_optimization": {
-        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}}),
+        "stage": 3, "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}}),
 }
 
 VARIANTS = {
@@ -28,7 +30,8 @@ VARIANTS = {
     "zero2": dict(strategy="zero2", dtype="bf16"),
     "zero3": dict(strategy="zero3", quantization="none", lora_r=0, dtype="bf16"),
     "zero3_param_cpu": dict(strategy="zero3", offload_param="cpu", quantization="4bit", dtype="bf16"),
-    "zero3_opt_cpu_param_cpu": dict(strategy="zero3", offload_optimizer="cpu", offload_param="cpu", quantization="none"),
+    "zero3_opt_cpu_param_cpu": dict(strategy="zero3", offload_optimizer="cpu", offload_param="cpu",
+                                    quantization="none"),
     "zero3_opt_nvme_param_nvme": dict(strategy="zero3", offload_optimizer="nvme", offload_param="nvme",
                                       quantization="none", nvme_path="/mnt/nvme"),
     "zero3_opt_cpu_param_nvme_2gpu": dict(strategy="zero3", offload_optimizer="cpu", offload_param="nvme",
@@ -55,13 +58,14 @@ def test_tutorial_snippets_exactly(name):
 def test_full_configs_match_golden(name):
     changes = dict(VARIANTS[name])
     world = changes.pop("world_size", 1)
-    built = ds_config(RunConfig(**changes), world)
+    built = deepspeed_config(RunConfig(**changes), world)
     assert built == golden(name, built)
-    assert built["train_batch_size"] == built["train_micro_batch_size_per_gpu"] * built["gradient_accumulation_steps"] * world
+    micro, accumulation = built["train_micro_batch_size_per_gpu"], built["gradient_accumulation_steps"]
+    assert built["train_batch_size"] == micro * accumulation * world
 
 
 def test_tutorial_config_has_its_settings():
-    built = ds_config(RunConfig(strategy="zero2", offload_optimizer="cpu"))
+    built = deepspeed_config(RunConfig(strategy="zero2", offload_optimizer="cpu"))
     zero = built["zero_optimization"]
     assert zero["stage"] == 2 and zero["offload_optimizer"] == {"device": "cpu"} and zero["contiguous_gradients"]
     assert built["fp16"]["enabled"] and built["train_batch_size"] == 8 and built["gradient_accumulation_steps"] == 4
@@ -69,7 +73,7 @@ def test_tutorial_config_has_its_settings():
 
 def test_baseline_has_no_deepspeed_config():
     with pytest.raises(ValueError):
-        ds_config(RunConfig())
+        deepspeed_config(RunConfig())
 
 
 def test_batch_size_mismatch_in_a_user_config():
@@ -80,14 +84,16 @@ def test_batch_size_mismatch_in_a_user_config():
 
 
 def test_nvme_parameter_buffers_hold_the_largest_weight():
-    from dsnb.model import largest_param
+    from dsnb.estimate import largest_weight
+    from dsnb.model import model_config
 
     cfg = RunConfig(strategy="zero3", offload_optimizer="cpu", offload_param="nvme", quantization="none")
-    assert ds_config(cfg)["zero_optimization"]["offload_param"]["buffer_size"] == 100_000_000  # DeepSpeed's default
+    # DeepSpeed's default
+    assert deepspeed_config(cfg)["zero_optimization"]["offload_param"]["buffer_size"] == 100_000_000
     # The 1B shape's 128256 x 2048 embedding: DeepSpeed refused it with the default ("More elements ...").
-    assert ds_config(cfg, 1, 262_668_288)["zero_optimization"]["offload_param"]["buffer_size"] == 262_668_288
+    assert deepspeed_config(cfg, 1, 262_668_288)["zero_optimization"]["offload_param"]["buffer_size"] == 262_668_288
     # Weights kept for reuse hold their swap buffers: the 1B shape ran out of all 5 at step 2 on the H200.
-    assert ds_config(cfg)["zero_optimization"]["stage3_max_reuse_distance"] == 0
-    assert "stage3_max_reuse_distance" not in ds_config(cfg.replace(offload_param="cpu"))["zero_optimization"]
+    assert deepspeed_config(cfg)["zero_optimization"]["stage3_max_reuse_distance"] == 0
+    assert "stage3_max_reuse_distance" not in deepspeed_config(cfg.replace(offload_param="cpu"))["zero_optimization"]
     tiny = RunConfig(**OFFLINE)
-    assert largest_param(tiny) == 26_880  # synthetic:tiny's embedding, read from its config
+    assert largest_weight(model_config(tiny.model)) == 26_880  # synthetic:tiny's embedding, read from its config

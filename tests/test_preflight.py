@@ -3,7 +3,7 @@ import os
 import pytest
 
 from dsnb.config import ConfigError
-from dsnb.run import check_nvme_path, check_nvme_space
+from dsnb.preflight import check_nvme_path, check_nvme_space
 
 
 def test_nvme_path_checks(tmp_path):
@@ -54,7 +54,7 @@ def test_nvme_space_is_checked_against_what_the_run_offloads(tmp_path):
 
 
 def test_one_process_gets_one_gpu():
-    from dsnb.run import gpu_ids
+    from dsnb.preflight import gpu_ids
 
     assert gpu_ids(None, 1) == ["0"] and gpu_ids("3,5", 1) == ["3"] and gpu_ids(" 2, 7 ", 2) == ["2", "7"]
 
