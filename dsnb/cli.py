@@ -172,14 +172,14 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .launch import run_all
-    from .report import compare_table, format_table
-    from .sweep import tutorial_pair
+    from .report import compare_table, format_table, same_work, verdict
+    from .sweep import compare
     from .tracking import ui_command
 
     cfg = build_config(args)
-    results = run_all(tutorial_pair(cfg))
+    results = compare(cfg)
     print(format_table(compare_table(results)))
+    print(f"\n{verdict(results)}\n\nSame work?\n{same_work(results)}")
     print(f"\nOpen the runs side by side: {ui_command(cfg.tracking_uri)}")
     return 0 if all(r.status == "FINISHED" for r in results) else 1
 

@@ -24,6 +24,8 @@ QUANTIZATIONS = ("none", "8bit", "4bit")
 DTYPES = ("fp32", "bf16", "fp16")
 PADDINGS = ("max_length", "longest", "bucket", "packed")
 PROMPTS = ("eos", "tutorial", "chat")
+RAM_CHECKS = ("refuse", "warn")
+PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 
 # The offline default (no GPU, no hub): a few-MB Llama, the synthetic SQuAD-format set and a short
 # run, so the tutorial's comparison finishes in minutes on 2 CPU cores. fp16 needs a GPU, so fp32.
@@ -48,6 +50,9 @@ class ConfigError(ValueError):
 class RunConfig:
     """One training variant. Defaults are the tutorial's values."""
 
+    preset: str = ""
+    """A named set of fields applied under your own: colab_t4 (Colab's free T4: fp16, 15 GB GPU, 12.7 GB RAM) or
+    quality (the offline check that training teaches); empty for none (dsnb/presets/ lists them)."""
     model: str = "Bllossom/llama-3.2-Korean-Bllossom-3B"
     """Hub id, local directory, or synthetic:<shape> (tiny, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b)."""
     quantization: str = "8bit"
@@ -113,9 +118,17 @@ class RunConfig:
     """First optimizer steps left out of the steady-state throughput (they pay for start-up and compiling)."""
     memory_budget_gb: float = 0.0
     """Cap on this run's GPU memory in GB (15 for a T4, 22 for an L4); 0 means the whole GPU."""
+    ram_budget_gb: float = 0.0
+    """Host RAM this run may take in GB (12.7 on Colab's free tier); 0 means what the machine has available."""
+    host_ram_check: str = "refuse"
+    """What happens before loading when the host-RAM estimate exceeds ram_budget_gb (or the available RAM):
+    refuse (stop with what to change) or warn (try anyway)."""
     num_gpus: int = 1
     """Processes, one per GPU, started with torchrun; under deepspeed or torchrun yourself, the launcher decides
     (without GPUs, CPU processes)."""
+    repeats: int = 0
+    """Runs of each variant that compare (and notebook 01) make, interleaved, for medians and their run-to-run
+    spread; 0 means 3 where runs are short (max_steps of 100 or fewer), else 1."""
     seed: int = 42
     """Seed for model init, data order and dropout."""
     tracking_uri: str = "sqlite:///mlflow.db"
@@ -133,7 +146,8 @@ class RunConfig:
         self._coerce_types()
         for name, allowed in (("strategy", STRATEGIES), ("offload_optimizer", OFFLOADS),
                               ("offload_param", OFFLOADS), ("quantization", QUANTIZATIONS),
-                              ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS)):
+                              ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS),
+                              ("host_ram_check", RAM_CHECKS)):
             if getattr(self, name) not in allowed:
                 fail(name, f"is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
         self._check_ranges()
@@ -155,7 +169,8 @@ class RunConfig:
                      "logging_steps", "num_gpus"):
             if getattr(self, name) <= 0:
                 fail(name, f"is {getattr(self, name)}; it must be a positive number")
-        for name in ("lora_r", "max_steps", "untimed_steps", "checkpoint_steps", "lr_warmup_steps", "eval_samples"):
+        for name in ("lora_r", "max_steps", "untimed_steps", "checkpoint_steps", "lr_warmup_steps", "eval_samples",
+                     "repeats"):
             if getattr(self, name) < 0:
                 fail(name, f"is {getattr(self, name)}; it must be 0 or more")
         for f in dataclasses.fields(self):
@@ -166,8 +181,9 @@ class RunConfig:
             fail("seed", f"is {self.seed}; use a seed from 0 to {SEED_MAX}")
 
     def _check_rates(self):
-        if self.memory_budget_gb < 0:
-            fail("memory_budget_gb", f"is {self.memory_budget_gb}; use 0 (no cap) or a size in GB")
+        for name in ("memory_budget_gb", "ram_budget_gb"):
+            if getattr(self, name) < 0:
+                fail(name, f"is {getattr(self, name)}; use 0 (no cap) or a size in GB")
         if self.learning_rate <= 0 or self.epochs <= 0:
             fail("learning_rate" if self.learning_rate <= 0 else "epochs", "must be positive")
         if not 0 <= self.lora_dropout < 1:
@@ -181,7 +197,8 @@ class RunConfig:
             if not getattr(self, name).strip():
                 fail(name, f"is empty; give {hint}")
         targets = self.lora_targets.split(",")
-        if not all(t.strip() and t.strip().replace("_", "").replace(".", "").isalnum() for t in targets):
+        if self.lora_targets != "all-linear" and not all(t.strip().replace("_", "").replace(".", "").isalnum()
+                                                          for t in targets):
             fail("lora_targets", f"is {self.lora_targets!r}; give comma-separated module names such as "
                                  "q_proj,v_proj, or all-linear")
         if len(self.run_name) > 250 or any(not c.isprintable() for c in self.run_name):
@@ -237,6 +254,11 @@ class RunConfig:
         """The MLflow run name: run_name, or one derived from the variant."""
         return self.run_name or self.derived_name()
 
+    @property
+    def runs_each(self) -> int:
+        """How many times compare runs each variant: repeats, or 3 for short runs and 1 for long ones."""
+        return self.repeats or (3 if 0 < self.max_steps <= 100 else 1)
+
     def samples_per_step(self, world_size: int = 1) -> int:
         """Samples in one optimizer step over every process."""
         return self.batch_size * self.grad_accum * world_size
@@ -264,17 +286,20 @@ class RunConfig:
 
     @classmethod
     def layered(cls, *layers: dict, offline: bool = False) -> "RunConfig":
-        """The one way a config is put together: defaults < the offline default < each layer in order.
+        """The one way a config is put together: defaults < the offline default < the preset < each layer in order.
 
         Layers are mappings of fields (a YAML file, a sweep's base and variant, flags, a notebook's
-        parameters); a value in a later layer wins, even where it equals the default. Unknown and renamed
-        fields are errors, not ignored.
+        parameters); a value in a later layer wins, even where it equals the default. The preset the layers
+        name (a file of fields in dsnb/presets/) comes under all of them. Unknown and renamed fields are
+        errors, not ignored.
         """
-        values = dict(OFFLINE) if offline else {}
+        merged: dict = {}
         for layer in layers:
             check_names(layer)
-            values.update(layer)
-        return cls(**values)
+            merged.update(layer)
+        values = dict(OFFLINE) if offline else {}
+        values.update(preset_fields(merged.get("preset", "")))
+        return cls(**{**values, **merged})
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
@@ -312,6 +337,21 @@ def coerce(name: str, value, kind):
     if isinstance(value, float) and not value.is_integer():
         fail(name, f"is {value!r}; expected {expected}")
     return int(value)
+
+
+def presets() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(PRESETS_DIR) if f.endswith(".yaml"))
+
+
+def preset_fields(name) -> dict:
+    """The fields of a named preset (none for ""); a name that is not text is left to the field's own check."""
+    if not name or not isinstance(name, str):
+        return {}
+    if name not in presets():
+        fail("preset", f"is {name!r}; use one of {', '.join(presets())} (or leave it empty)")
+    fields = read_yaml(os.path.join(PRESETS_DIR, f"{name}.yaml"))
+    check_names(fields)
+    return fields
 
 
 def check_names(values: dict) -> None:

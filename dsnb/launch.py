@@ -89,20 +89,23 @@ def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar
 
 
 def _follow(path: str, seen: int, bar) -> int:
-    """Move the bar to the child's newest `step total loss` line; returns the bytes read so far."""
+    """Show the child's new progress records (JSON lines: a step, or a message) on the bar; returns the bytes
+    read so far."""
     if not os.path.exists(path):
         return seen
-    with open(path) as f:
+    with open(path, "rb") as f:
         f.seek(seen)
         lines = f.read().splitlines(keepends=True)
-    complete = [line for line in lines if line.endswith("\n")]
-    if complete:
-        step, total, loss = complete[-1].split()
-        bar.total = int(total)
-        if loss != "-":
-            bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
-        bar.update(int(step) - bar.n)
-    return seen + sum(len(line.encode()) for line in complete)
+    complete = [line for line in lines if line.endswith(b"\n")]
+    for record in map(json.loads, complete):
+        if "say" in record:
+            bar.write(f"{bar.desc}: {record['say']}")
+            continue
+        bar.total = record["total"]
+        if record["loss"] is not None:
+            bar.set_postfix(loss=f"{record['loss']:.4g}", refresh=False)
+        bar.update(record["step"] - bar.n)
+    return seen + sum(len(line) for line in complete)
 
 
 def stop(child: subprocess.Popen) -> None:
@@ -207,14 +210,24 @@ def child_main(path: str) -> int:
     preflight.pin_one_gpu(cfg)
     signal.signal(signal.SIGTERM, _terminated)
     _watch_parent(child["parent_pid"])
-    from .train import train
+    from .train import Reporter, train
 
-    def on_step(step: int, total: int, loss: float | None) -> None:
-        with open(child["progress"], "a") as f:
-            f.write(f"{step} {total} {'-' if loss is None else loss}\n")
+    class ToParent(Reporter):
+        """Progress and messages as JSON lines in the file the parent follows (messages also in train.log)."""
+
+        def step(self, step: int, total: int, loss: float | None) -> None:
+            self.write({"step": step, "total": total, "loss": loss})
+
+        def say(self, text: str) -> None:
+            super().say(text)
+            self.write({"say": text})
+
+        def write(self, record: dict) -> None:
+            with open(child["progress"], "a") as f:
+                f.write(json.dumps(record) + "\n")
 
     try:
-        metrics = train(cfg, child["run_id"], on_step=on_step)
+        metrics = train(cfg, child["run_id"], reporter=ToParent())
     except KeyboardInterrupt:
         return 130
     except ConfigError as e:

@@ -60,9 +60,13 @@ def resolve_model(name: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def model_config(name: str):
-    """The text model's config of cfg.model (hub, folder or synthetic), read without loading any weight."""
+    """The text model's config of cfg.model (hub, folder or synthetic), read without loading (or building) any
+    weight: a synthetic shape's config is made from SHAPES alone."""
     from transformers import AutoConfig
 
+    shape = name.split(":", 1)[1] if name.startswith("synthetic:") else None
+    if shape in SHAPES:
+        return synthetic_config(SHAPES[shape], bos=0, eos=1)
     try:
         config = AutoConfig.from_pretrained(resolve_model(name), trust_remote_code=False)
     except (OSError, ValueError) as e:
@@ -75,19 +79,16 @@ def build_synthetic(shape: str, path: str, dims: dict | None = None) -> None:
     """Write a random-init Llama of `shape` (or of `dims`, SHAPES' fields) and dsnb's tokenizer to `path`
     (atomically). Models wider than 1024 are stored in bf16, smaller ones in fp32."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{shape}-")
     tokenizer = train_tokenizer()
     tokenizer.save_pretrained(tmp)
-    dims = dict(dims or SHAPES[shape])
-    dims["vocab_size"] = dims["vocab_size"] or len(tokenizer)
-    config = LlamaConfig(**dims, max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         head_dim=dims["hidden_size"] // dims["num_attention_heads"])
+    config = synthetic_config(dims or SHAPES[shape], tokenizer.bos_token_id, tokenizer.eos_token_id)
+    assert config.vocab_size >= len(tokenizer)
     torch.manual_seed(0)
-    large = dims["hidden_size"] > 1024
+    large = config.hidden_size > 1024
     device = "cuda" if large and torch.cuda.is_available() else "cpu"
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if large else torch.float32)
@@ -97,6 +98,17 @@ def build_synthetic(shape: str, path: str, dims: dict | None = None) -> None:
         shutil.rmtree(tmp)
         return
     os.replace(tmp, path)
+
+
+def synthetic_config(dims: dict, bos: int, eos: int):
+    """A Llama config of SHAPES' fields (vocab_size 0: dsnb's own tokenizer), stored in bf16 above 1024 wide."""
+    from transformers import LlamaConfig
+
+    dims = dict(dims)
+    dims["vocab_size"] = dims["vocab_size"] or TOKENIZER_VOCAB
+    return LlamaConfig(**dims, max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+                       bos_token_id=bos, eos_token_id=eos, head_dim=dims["hidden_size"] // dims["num_attention_heads"],
+                       dtype="bfloat16" if dims["hidden_size"] > 1024 else "float32")
 
 
 def train_tokenizer():

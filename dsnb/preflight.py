@@ -58,6 +58,11 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
         return
     check_device(cfg, device)
     check_store(cfg.tracking_uri)
+    world = world_size() if "WORLD_SIZE" in os.environ else cfg.num_gpus
+    if cfg.samples_per_step(world) > cfg.num_samples:
+        raise ConfigError(f"num_samples is {cfg.num_samples} but one step takes batch_size x grad_accum x "
+                          f"{world} process(es) = {cfg.samples_per_step(world)} samples; raise num_samples or "
+                          "lower batch_size or grad_accum")
     if cfg.dataset not in ("squad", "synthetic") and not os.path.isfile(cfg.dataset):
         raise ConfigError(f"dataset file {cfg.dataset!r} does not exist; check the path or use dataset=synthetic")
     if cfg.uses_nvme:
@@ -68,6 +73,7 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
 
     if not cfg.model.startswith("synthetic:"):
         resolve_model(cfg.model)  # a missing local folder fails here; synthetic builds wait for the run
+    check_host_ram(cfg, world)
     _CHECKED.add(key)
 
 
@@ -131,8 +137,10 @@ def check_device(cfg: RunConfig, device: str) -> None:
     if device == "cpu" and cfg.dtype == "fp16":
         raise ConfigError("dtype fp16 needs a GPU and this machine has none; use dtype bf16 or fp32 "
                           "(or DSNB_OFFLINE=1 for the offline default)")
-    if device.startswith("cuda") and cfg.dtype == "bf16" and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"dtype bf16 is not supported on {torch.cuda.get_device_name(device)}; use fp16")
+    # is_bf16_supported() says True on a T4 (compute capability 7.5), which emulates bf16 slowly: ask for 8.0.
+    if device.startswith("cuda") and cfg.dtype == "bf16" and torch.cuda.get_device_capability(device) < (8, 0):
+        raise ConfigError(f"dtype bf16 has no native support on {torch.cuda.get_device_name(device)} (compute "
+                          "capability below 8.0: it would run emulated and slow); use dtype fp16")
     if device.startswith("cuda") and cfg.num_gpus > torch.cuda.device_count():
         raise ConfigError(f"num_gpus is {cfg.num_gpus} but this machine has {torch.cuda.device_count()} GPU(s); "
                           f"set num_gpus <= {torch.cuda.device_count()}")
@@ -140,9 +148,33 @@ def check_device(cfg: RunConfig, device: str) -> None:
         if device == "cpu":
             raise ConfigError("memory_budget_gb caps GPU memory and this machine has no GPU; set it to 0")
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
-        if cfg.memory_budget_gb > total:
+        if cfg.memory_budget_gb > total * 1.05:  # a "15 GB" T4 shows 14.7 GiB: its own size is no error
             raise ConfigError(f"memory_budget_gb is {cfg.memory_budget_gb} but {torch.cuda.get_device_name(device)} "
                               f"has {total:.1f} GB; set at most {total:.0f}")
+
+
+def check_host_ram(cfg: RunConfig, world: int) -> None:
+    """The estimated peak host RAM of this run's processes on this machine fits ram_budget_gb, else what is
+    available now; refused (or, with host_ram_check warn, warned) before anything loads."""
+    import psutil
+
+    from .estimate import host_ram_mb, trainable_params
+    from .model import model_config
+
+    config = model_config(cfg.model)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    need = host_ram_mb(cfg, config, trainable_params(cfg, config), world) * local / 1024
+    have = cfg.ram_budget_gb or psutil.virtual_memory().available / 2**30
+    if need <= have:
+        return
+    where = f"ram_budget_gb is {cfg.ram_budget_gb:g}" if cfg.ram_budget_gb else f"this machine has {have:.1f} GB free"
+    offload = " (the offloaded optimizer states and weights live there)" if cfg.offload_optimizer != "none" or \
+        cfg.offload_param != "none" else ""
+    message = (f"this run needs about {need:.1f} GB of host RAM{offload} but {where}; use a smaller model, offload "
+               "less, or set host_ram_check warn to try anyway")
+    if cfg.host_ram_check == "refuse":
+        raise ConfigError(message)
+    print(f"dsnb: warning: {message}")
 
 
 def check_nvme_path(path: str) -> None:

@@ -24,6 +24,16 @@ from .tracking import RunResult, mlflow_client
 SWEEP_KEYS = {"notebook", "base", "variants", "output_dir"}
 
 
+def compare(cfg: RunConfig, progress: bool = True) -> list[RunResult]:
+    """The tutorial's pair, each variant run cfg.runs_each times, interleaved so drift on a shared machine hits
+    both alike; report.compare_table and report.verdict pool the repeats."""
+    from .launch import run_all
+
+    pair, n = tutorial_pair(cfg), cfg.runs_each
+    return run_all([c for _ in range(n) for c in pair], progress=progress,
+                   tags=[{"repeat": str(i)} for i in range(n) for _ in pair])
+
+
 def tutorial_pair(cfg: RunConfig) -> list[RunConfig]:
     """The tutorial's two runs on cfg's model and data: no DeepSpeed, then ZeRO-2 with CPU optimizer offload."""
     return [cfg.replace(strategy="baseline", offload_optimizer="none", offload_param="none",

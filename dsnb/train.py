@@ -1,11 +1,12 @@
-"""Training one variant in this process, in four steps: set up, fit, measure, record.
+"""Training one variant in this process: plan, set up, fit, measure, record.
 
     metrics = train(cfg)                                       # one MLflow run (rank 0 logs it)
     metrics = train(cfg, run_id, checkpoint)                   # resume into that run (tracking.resumable_run)
+    print(describe_plan(cfg, plan(cfg)))                       # data and estimates, before any weight loads
 
-A failure is recorded on the run (FAILED, with the memory measured so far and the error) and re-raised;
-ConfigError means the user must change something. launch.run_variant calls this in a child process, so
-no run's memory is counted in another's.
+A failure is recorded on the run (FAILED, KILLED if interrupted, with what was measured so far and the
+error) and re-raised; ConfigError means the user must change something. launch.run_variant calls this in a
+child process, so no run's memory is counted in another's.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import contextlib
 import os
 import shutil
 import socket
+import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from transformers import TrainerCallback
 
@@ -24,12 +25,78 @@ from .config import RunConfig
 MFU_CONVENTION = "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"
 
 
+class Reporter:
+    """How a run tells its user how it goes: progress (step, steps, last logged loss) and short messages.
+
+    This one prints messages (the HF Trainer draws its own bar); launch gives a child process one that also
+    passes both to the parent's bar.
+    """
+
+    def step(self, step: int, total: int, loss: float | None) -> None:
+        pass
+
+    def say(self, text: str) -> None:
+        print(f"dsnb: {text}", flush=True)
+
+
+class Silent(Reporter):
+    """For the ranks other than 0: rank 0 speaks for the run."""
+
+    def say(self, text: str) -> None:
+        pass
+
+
+@dataclass
+class Plan:
+    """What a run will train on and what it should take, known before any weight loads."""
+
+    tokenizer: object
+    train_set: object
+    eval_rows: list
+    config: object  # the model's config
+    trainable: int
+    estimate: dict
+    truncated: int  # samples max_length cuts short
+
+
+def plan(cfg: RunConfig, world: int = 1) -> Plan:
+    """Read and check the data (training and held-out rows) and estimate the run's memory, loading no weights."""
+    from .data import build_dataset, load_records, truncated
+    from .estimate import estimate_memory, tokens_per_micro_batch, trainable_params
+    from .model import load_tokenizer, model_config
+
+    tokenizer = load_tokenizer(cfg)
+    train_set = build_dataset(cfg, tokenizer)
+    eval_rows = load_records(cfg, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    config = model_config(cfg.model)
+    trainable = trainable_params(cfg, config)
+    estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, train_set), world)
+    return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, train_set))
+
+
+def describe_plan(cfg: RunConfig, p: Plan) -> str:
+    """The plan in one paragraph: data, held-out questions, trainable weights, estimated GPU and host memory."""
+    est = p.estimate
+    tokens = sum(sum(m) for m in p.train_set["attention_mask"]) / len(p.train_set)
+    gpu = f"GPU peak about {est['est_peak_gpu_mb'] / 1024:.1f} GB" + (
+        f" (budget {cfg.memory_budget_gb:g} GB)" if cfg.memory_budget_gb else "")
+    host = f"host RAM about {est['est_peak_host_mb'] / 1024:.1f} GB" + (
+        f" (budget {cfg.ram_budget_gb:g} GB)" if cfg.ram_budget_gb else "")
+    lines = [f"{len(p.train_set)} samples of {tokens:.0f} real tokens on average, {len(p.eval_rows)} held-out "
+             f"questions; {p.trainable:,} trainable weights; estimate: {gpu}, {host}"]
+    if p.truncated:
+        lines.append(f"warning: max_length {cfg.max_length} cuts {p.truncated} of {len(p.train_set)} samples short "
+                     "(their answers lose tokens); raise max_length to keep them whole")
+    return "\n".join(lines)
+
+
 @dataclass
 class Quality:
     """Greedy answers to held-out questions before and after training, with SQuAD's scores (evaluate.py)."""
 
     rows: list
     synced: bool  # ZeRO-3 over several processes: every rank generates together
+    reporter: Reporter
     scores: dict = field(default_factory=dict)  # "before" / "after" -> exact_match, f1, tokens_per_second, seconds
     answers: dict = field(default_factory=dict)  # "before" / "after" -> the answers, in row order
 
@@ -38,8 +105,8 @@ class Quality:
 
         if self.rows:
             self.scores[when], self.answers[when] = answer_and_score(model, tokenizer, cfg, self.rows, self.synced)
-            print(f"dsnb: {when} training: exact match {self.scores[when]['exact_match']:.2f}, "
-                  f"F1 {self.scores[when]['f1']:.2f} on {len(self.rows)} held-out questions")
+            self.reporter.say(f"{when} training: exact match {self.scores[when]['exact_match']:.2f}, "
+                              f"F1 {self.scores[when]['f1']:.2f} on {len(self.rows)} held-out questions")
 
     def metrics(self) -> dict:
         out = {f"eval_{k}_before": v for k, v in self.scores.get("before", {}).items() if k in ("exact_match", "f1")}
@@ -61,14 +128,13 @@ class Session:
     log: bool  # this process records the MLflow run (rank 0)
     run_dir: str  # checkpoints and the saved model, until they are logged
     trainer: object
-    estimate: dict
+    plan: Plan
     timer: object
     deepspeed: dict | None
     counts: dict  # trainable_params and total_params, at full size
     quality: Quality
     gputil_before: float
-    on_step: Callable[[int, int, float | None], None]
-    on_log: Callable[[int, dict], None]
+    reporter: Reporter
 
     @property
     def index(self) -> int:
@@ -76,11 +142,8 @@ class Session:
 
 
 def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = None,
-          on_step: Callable[[int, int, float | None], None] | None = None) -> dict:
-    """Train cfg's variant here and log it to MLflow; return its metrics.
-
-    on_step(step, max_steps, loss) reports progress (rank 0 only; loss is the last logged one or None).
-    """
+          reporter: Reporter | None = None) -> dict:
+    """Train cfg's variant here and log it to MLflow; return its metrics."""
     from .metrics import PeakMemory
 
     device = preflight.pick_device()
@@ -88,11 +151,12 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
     if cfg.zero_stage is not None:
         deepspeed_env(device)
     log = preflight.is_rank0()
+    reporter = (reporter or Reporter()) if log else Silent()
     # Under a multi-process launcher only rank 0 records the run.
     session = None
     with (tracking.tracked_run(cfg, run_id) if log else contextlib.nullcontext()) as run, PeakMemory(device) as mem:
         try:
-            session = set_up(cfg, device, run.info.run_id if run else None, on_step if log else None)
+            session = set_up(cfg, device, run.info.run_id if run else None, reporter)
             if log:
                 record_start(session, checkpoint)
             raw = fit(session, checkpoint)
@@ -121,14 +185,14 @@ def deepspeed_env(device: str) -> None:
                           MASTER_PORT=str(port))
 
 
-def set_up(cfg: RunConfig, device: str, run_id: str | None, on_step) -> Session:
-    """Memory cap, DeepSpeed config, the Trainer's arguments, model, data, estimate and the Trainer itself."""
+def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) -> Session:
+    """Memory cap, DeepSpeed config, the Trainer's arguments, the plan (data, estimate), the model and the Trainer."""
     from transformers import Trainer
 
-    from .data import BatchLog, build_dataset, collator, load_records, truncated
-    from .estimate import estimate_memory, largest_weight, tokens_per_micro_batch
+    from .data import BatchLog, collator
+    from .estimate import largest_weight
     from .metrics import StepTimer, gputil_used_mb
-    from .model import count_parameters, load_model, load_tokenizer, model_config
+    from .model import count_parameters, load_model, model_config
     from .zero import deepspeed_config
 
     world = preflight.world_size()
@@ -143,37 +207,28 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, on_step) -> Session:
     # The arguments come before the model: with ZeRO-3 they make transformers load each weight straight
     # into its partition (on the CPU with parameter offload), across every rank. Loaded whole, the model
     # would first be moved to one GPU by DeepSpeed: the 8B shape failed that way under a 15 GB budget.
-    args = training_arguments(cfg, device, deepspeed, run_dir, quiet=on_step is not None)
+    args = training_arguments(cfg, device, deepspeed, run_dir, quiet=type(reporter) is not Reporter)
     if cfg.zero_stage == 3:  # ZeRO-3's loading partitions over every rank, so the group must exist first
         from deepspeed import init_distributed
 
         init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
-    tokenizer = load_tokenizer(cfg)
-    train_set = build_dataset(cfg, tokenizer)  # the data is read and checked before the model downloads
-    quality = Quality(load_records(cfg, "eval", cfg.eval_samples) if cfg.eval_samples else [],
-                      synced=cfg.zero_stage == 3 and world > 1)
-    cut = truncated(cfg, train_set)
-    if cut:
-        print(f"dsnb: warning: max_length {cfg.max_length} cuts {cut} of {len(train_set)} samples short "
-              "(their answers lose tokens); raise max_length to keep them whole")
-    model, tokenizer = load_model(cfg, device, tokenizer)
-    trainable, total = count_parameters(model)
-    estimate = estimate_memory(cfg, model.config, trainable, tokens_per_micro_batch(cfg, train_set), world)
+    the_plan = plan(cfg, world)  # the data is read and checked before the model downloads
+    reporter.say(describe_plan(cfg, the_plan))
     if cfg.uses_nvme:
-        preflight.check_nvme_space(cfg.nvme_path, estimate["est_peak_cpu_offload_mb"])
+        preflight.check_nvme_space(cfg.nvme_path, the_plan.estimate["est_peak_cpu_offload_mb"])
+    model, tokenizer = load_model(cfg, device, the_plan.tokenizer)
+    trainable, total = count_parameters(model)
     batches = BatchLog(collator(tokenizer, cfg))
     timer = StepTimer(device, cfg.untimed_steps, batches)
-    log = run_id is not None
-    on_log = log_curve if log else (lambda step, logs: None)
-    report = on_step or (lambda step, total, loss: None)
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, data_collator=batches,
+    quality = Quality(the_plan.eval_rows, cfg.zero_stage == 3 and world > 1, reporter)
+    trainer = Trainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
                       processing_class=tokenizer)
     # The "before" answers come once the model is placed (under ZeRO-3, once the engine's hooks can fetch it).
-    trainer.add_callback(StepCallback(timer, report, on_log, lambda: quality.score("before", trainer.model, tokenizer,
-                                                                                      cfg)))
-    counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": cut}
-    return Session(cfg, device, world, log, run_dir, trainer, estimate, timer, deepspeed, counts, quality,
-                   gputil_before, report, on_log)
+    trainer.add_callback(StepCallback(timer, Progress(timer, reporter), log_curve if run_id else None,
+                                      lambda: quality.score("before", trainer.model, tokenizer, cfg)))
+    counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}
+    return Session(cfg, device, world, run_id is not None, run_dir, trainer, the_plan, timer, deepspeed, counts,
+                   quality, gputil_before, reporter)
 
 
 def cap_memory(cfg: RunConfig, device: str) -> None:
@@ -185,7 +240,7 @@ def cap_memory(cfg: RunConfig, device: str) -> None:
 
     total = torch.cuda.get_device_properties(device).total_memory
     index = int(device.split(":")[1]) if ":" in device else 0
-    torch.cuda.set_per_process_memory_fraction(cfg.memory_budget_gb * 2**30 / total, index)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_budget_gb * 2**30 / total), index)
 
 
 def training_arguments(cfg: RunConfig, device: str, deepspeed: dict | None, run_dir: str, quiet: bool):
@@ -210,6 +265,22 @@ def log_curve(step: int, logs: dict) -> None:
     curve = {k: float(v) for k, v in logs.items() if k in ("loss", "grad_norm", "learning_rate")}
     if curve:
         mlflow.log_metrics(curve, step=step)
+
+
+class Progress:
+    """Passes each step to the reporter, and once the untimed steps are over, says how long the rest will take."""
+
+    def __init__(self, timer, reporter: Reporter):
+        self.timer, self.reporter, self.told = timer, reporter, False
+
+    def __call__(self, step: int, total: int, loss: float | None) -> None:
+        self.reporter.step(step, total, loss)
+        start = next((m for m in self.timer.marks if m[1] == self.timer.untimed_steps), None)
+        if not self.told and start and step > start[1] and step < total:
+            per_step = (time.perf_counter() - start[0]) / (step - start[1])
+            self.told = True
+            self.reporter.say(f"{per_step:.3g} s a step after {start[1]} untimed step(s): the {total - step} steps "
+                              f"left take about {per_step * (total - step) / 60:.1f} min")
 
 
 class StepCallback(TrainerCallback):
@@ -239,14 +310,15 @@ class StepCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kw):
         self.loss = (logs or {}).get("loss", self.loss)
-        self.record(state.global_step, logs or {})
+        if self.record:
+            self.record(state.global_step, logs or {})
 
 
 def record_start(s: Session, checkpoint: str | None) -> None:
     """Before training, so a run that dies still has its estimate and environment."""
     import mlflow
 
-    mlflow.log_metrics(s.estimate)
+    mlflow.log_metrics(s.plan.estimate)
     mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION})
     if s.counts["truncated_samples"]:
         mlflow.set_tag("data_warning", f"max_length {s.cfg.max_length} cuts {s.counts['truncated_samples']} samples "
@@ -257,12 +329,14 @@ def record_start(s: Session, checkpoint: str | None) -> None:
 
 
 def fit(s: Session, checkpoint: str | None) -> dict:
-    """Train; the Trainer's train() metrics (runtime, loss, samples/s), whichever loop runs."""
+    """Train, then answer the held-out questions; the Trainer's train() metrics (runtime, loss, samples/s),
+    whichever loop runs, without the time the "before" answers took."""
+    callback = s.trainer.callback_handler.callbacks[-1]
     if s.cfg.torch_compile:
         from .loop import train_compiled
 
-        begin = s.trainer.callback_handler.callbacks[-1].begin
-        raw = train_compiled(s.trainer, s.cfg, s.timer, s.on_step, s.on_log, begin)
+        raw = train_compiled(s.trainer, s.cfg, s.timer, callback.report,
+                             callback.record or (lambda step, logs: None), callback.begin)
     else:
         raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
         before = s.quality.scores.get("before", {}).get("seconds", 0.0)
@@ -276,7 +350,8 @@ def fit(s: Session, checkpoint: str | None) -> dict:
 
 
 def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
-    """(metrics, params): the Trainer's numbers, memory peaks (every rank's), throughput, MFU, the estimate's error."""
+    """(metrics, params): the Trainer's numbers, memory peaks (every rank's), throughput, MFU, the estimate's error,
+    the held-out scores."""
     from .metrics import flops_per_token, gather_ranks, gputil_used_mb, peak_flops
 
     metrics = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}
@@ -284,12 +359,12 @@ def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
     metrics["gpu_memory_used_mb"] = gputil_used_mb(s.index) - s.gputil_before
     metrics.update(peaks if s.world == 1 else gather_ranks(peaks))
     if metrics["peak_gpu_allocated_mb"]:
-        metrics["est_error_gpu"] = s.estimate["est_peak_gpu_mb"] / metrics["peak_gpu_allocated_mb"] - 1
+        metrics["est_error_gpu"] = s.plan.estimate["est_peak_gpu_mb"] / metrics["peak_gpu_allocated_mb"] - 1
+    metrics["est_error_host"] = s.plan.estimate["est_peak_host_mb"] / metrics["peak_cpu_rss_mb"] - 1
     metrics.update(s.timer.throughput())
     metrics.update(s.quality.metrics())
     flops, source = peak_flops(s.device)
-    model = s.trainer.model
-    per_token = flops_per_token(model.config, s.counts["trainable_params"], full=s.cfg.lora_r == 0)
+    per_token = flops_per_token(s.plan.config, s.counts["trainable_params"], full=s.cfg.lora_r == 0)
     if "tokens_per_second" in metrics:
         metrics["mfu"] = metrics["tokens_per_second"] * per_token / (flops * s.world)
     params = {"peak_flops": f"{flops:.4g}", "peak_flops_source": source, "flops_per_token": f"{per_token:.4g}"}
