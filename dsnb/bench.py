@@ -17,7 +17,7 @@ import statistics
 import sys
 
 from . import preflight
-from .config import OFFLINE, RunConfig
+from .config import OFFLINE, ConfigError, RunConfig
 from .launch import run_all
 from .tracking import RunResult
 
@@ -92,6 +92,16 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
     """Run every variant `repeats` times, interleaved, `gpus` at a time (each run on a GPU of its own)."""
     cfgs = bench_configs(offline, untimed, steps, tracking_uri)
     names = only or list(cfgs)
+    device = preflight.pick_device()
+    gpu = "cpu"
+    if device.startswith("cuda"):
+        import torch
+
+        gpu = torch.cuda.get_device_name(device)
+    stem = os.path.join(out_dir, gpu.replace(" ", "_").lower())
+    taken = [p for p in (stem + ".json", stem + ".md") if os.path.exists(p)]
+    if taken:  # a committed result that --baseline compares against must never be overwritten by a new run
+        raise ConfigError(f"{taken[0]} exists; move it or give --out another folder")
     # Interleaved, so drift on a shared machine hits every variant alike.
     jobs = [(repeat, name) for repeat in range(repeats) for name in names]
     results = run_all([cfgs[name] for _, name in jobs], progress=True, gpus=gpus,
@@ -104,19 +114,12 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
     for row in rows:
         ok = base and base["samples_per_second"] and row["samples_per_second"]
         row["ratio_to_tutorial"] = row["samples_per_second"] / base["samples_per_second"] if ok else None
-    device = preflight.pick_device()
-    gpu = "cpu"
-    if device.startswith("cuda"):
-        import torch
-
-        gpu = torch.cuda.get_device_name(device)
     command = "python -m dsnb bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "python -m dsnb bench"
     result = {"gpu": gpu, "command": command, "untimed_steps": untimed, "timed_steps": steps, "gpus_side_by_side": gpus,
               "mfu_convention": "model FLOPs per real token (6N full, 4N + 6N_trainable LoRA; N = matmul weights) "
                                 "/ dense bf16 datasheet peak",
               "variants": rows}
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, gpu.replace(" ", "_").lower())
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=2)
     with open(stem + ".md", "w") as f:

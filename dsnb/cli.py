@@ -1,6 +1,7 @@
 """The command line: every run-config field is a --<field> flag.
 
     python -m dsnb run --offline --strategy zero3 --offload_param cpu    # one variant, one MLflow run
+    python -m dsnb check --preset colab_t4                               # the same checks and estimates, no training
     python -m dsnb compare --offline                                     # the tutorial's pair, then a table
     python -m dsnb sweep -f variants/sweep_zero_stages.yaml --offline    # papermill, one kernel per variant
     python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2       # model x variant x budget map
@@ -71,33 +72,55 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
     run.add_argument("--resume", action="store_true", help="continue the newest failed or killed run of this "
                      "name from its last checkpoint (needs checkpoint_steps), into the same MLflow run")
+    sub.add_parser("check", parents=[common], help="check a variant without training: its fields, this machine, "
+                   "its data (read and validated), and its GPU and host-RAM estimates")
     sub.add_parser("compare", parents=[common], help="run the tutorial's pair and print the table")
     sub.add_parser("sweep", parents=[common], help="execute a notebook per variant of a sweep file (-f); "
                    "field flags override every variant")
     bench = sub.add_parser("bench", help="the tutorial's recipe vs dsnb's fast recipe, repeated; writes "
                            "benchmarks/results/<gpu>.json and .md")
     bench.add_argument("--offline", action="store_true", help="synthetic:tiny on the CPU instead of the 3B shape")
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--untimed", type=int, default=3, help="untimed optimizer steps first")
-    bench.add_argument("--gpus", type=int, default=1, help="variants run side by side, one per GPU")
-    bench.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
+    bench.add_argument("--repeats", type=count(1), default=3)
+    bench.add_argument("--untimed", type=count(0), default=3, help="untimed optimizer steps first")
+    bench.add_argument("--gpus", type=count(1), default=1, help="variants run side by side, one per GPU")
+    bench.add_argument("--steps", type=count(1), default=10, help="timed optimizer steps")
     bench.add_argument("--only", default="", help="comma-separated variant names (default: all)")
-    bench.add_argument("--out", default="benchmarks/results")
+    bench.add_argument("--out", default="bench_results", help="folder for <gpu>.json and .md (never overwritten)")
     bench.add_argument("--baseline", default="", help="a committed bench JSON: exit 1 where this run regressed "
                        "from it (speed-up to the tutorial's recipe halved, failed runs, a slow tutorial pair)")
     bench.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     capacity = sub.add_parser("capacity", parents=[common], help="model x variant x memory budget: which fit, "
                               "how fast; a table, a PNG and the fastest fitting variant per budget")
-    capacity.add_argument("--gpus", type=int, default=1, help="runs side by side, one per GPU")
+    capacity.add_argument("--gpus", type=count(1), default=1, help="runs side by side, one per GPU")
     capacity.add_argument("--out", default="capacity_map", help="folder for capacity.md/.csv/.png (not overwritten)")
     capacity.add_argument("--only", default="", help="comma-separated variant names and/or models to run "
                           "(default: every cell)")
+    save = sub.add_parser("save", help="write a run's trained adapter (or model) to a folder; --merge folds the "
+                          "LoRA weights into the base model; --push_to uploads it (needs a token)")
+    save.add_argument("--run_id", required=True, help="the MLflow run id (python -m dsnb ui shows them)")
+    save.add_argument("-o", "--output", required=True, help="a new folder")
+    save.add_argument("--merge", action="store_true", help="save the base model with the adapter merged in")
+    save.add_argument("--push_to", default="", help="a hub repository, owner/name (created private if new)")
+    save.add_argument("--token", default="", help="hub token for --push_to (default: $HF_TOKEN); never logged")
+    save.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export = sub.add_parser("export", help="zip the MLflow store for download")
     export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
     ui = sub.add_parser("ui", help="print the command that opens the MLflow UI on 127.0.0.1")
     ui.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     return top
+
+
+def count(low: int):
+    """An argparse type: an integer of at least `low` (2.5, nan or -1 are refused, not rounded)."""
+    def parse(text: str) -> int:
+        value = text.strip()
+        if not value.lstrip("+-").isdigit() or int(value) < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least {low}")
+        return int(value)
+
+    parse.__name__ = f"whole number >= {low}"
+    return parse
 
 
 def negative_values(argv: list[str]) -> list[str]:
@@ -171,6 +194,17 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    from . import preflight
+    from .train import describe_plan, plan
+
+    cfg = build_config(args)
+    preflight.check(cfg)
+    world = int(os.environ.get("WORLD_SIZE", cfg.num_gpus))
+    print(f"{cfg.name}: ok\n{describe_plan(cfg, plan(cfg, world))}")
+    return 0
+
+
 def cmd_compare(args) -> int:
     from .report import compare_table, format_table, same_work, verdict
     from .sweep import compare
@@ -239,6 +273,24 @@ def cmd_capacity(args) -> int:
     return 0
 
 
+def cmd_save(args) -> int:
+    from .publish import check_push, push_to_hub, save_model
+    from .tracking import RunResult
+
+    token = args.token or os.environ.get("HF_TOKEN", "")
+    if args.push_to:
+        check_push(args.push_to, token)  # before anything is written
+    try:
+        result = RunResult.read(args.tracking_uri, args.run_id)
+    except Exception as e:
+        raise ConfigError(f"run {args.run_id} is not in {args.tracking_uri} ({e.__class__.__name__})") from None
+    folder = save_model(result, args.output, args.merge)
+    print(f"wrote {folder}" + (" (merged)" if args.merge else ""))
+    if args.push_to:
+        print(f"pushed to {push_to_hub(folder, args.push_to, token)}")
+    return 0
+
+
 def cmd_export(args) -> int:
     from .tracking import export_store, ui_command
 
@@ -258,5 +310,5 @@ def cmd_ui(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "bench": cmd_bench, "capacity": cmd_capacity,
-            "export": cmd_export, "ui": cmd_ui}
+COMMANDS = {"run": cmd_run, "check": cmd_check, "compare": cmd_compare, "sweep": cmd_sweep, "bench": cmd_bench,
+            "capacity": cmd_capacity, "save": cmd_save, "export": cmd_export, "ui": cmd_ui}

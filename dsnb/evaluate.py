@@ -19,6 +19,7 @@ import time
 from .config import RunConfig
 from .data import NO_ANSWER, prompt_parts
 
+PROBE = "질문: 본문에 따르면 프랑스의 수도는 어디인가요?\n답변:"  # the fixed prompt of probe_logit_norm
 MAX_NEW_TOKENS = 32  # SQuAD's answers are short: a name, a date, a phrase
 BATCH = 32
 
@@ -72,6 +73,23 @@ def answer_and_score(model, tokenizer, cfg: RunConfig, rows: list[dict], synced:
     model.train(was_training)
     em, f1_score = squad_scores(answers, [r["answers"]["text"] for r in rows])
     return {"exact_match": em, "f1": f1_score, "tokens_per_second": new_tokens / seconds, "seconds": seconds}, answers
+
+
+def probe_logit_norm(model, tokenizer) -> float:
+    """The norm of the next-token logits after a fixed prompt: a fingerprint of the trained weights, logged with
+    the run so a saved and reloaded model can be checked against it."""
+    import torch
+
+    device = next(p for p in model.parameters()).device
+    if not next(model.parameters()).numel():  # ZeRO-3 partitions: its hooks fetch the weights
+        device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    ids = tokenizer(PROBE, return_tensors="pt")["input_ids"].to(device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, -1].float()
+    model.train(was_training)
+    return float(logits.norm())
 
 
 def generate(model, tokenizer, cfg: RunConfig, rows: list[dict], device, synced: bool) -> tuple[list[str], int]:

@@ -385,12 +385,17 @@ def record_end(s: Session, metrics: dict, params: dict) -> None:
 
 
 def save(s: Session) -> None:
-    """The trained adapter (or model) to the run's artifacts; the store is then its one copy."""
+    """The trained adapter (or model) to the run's artifacts, with a fingerprint of its logits (publish.py checks a
+    reloaded copy against it); the store is then its one copy."""
     if s.cfg.save_model:
+        from .evaluate import probe_logit_norm
+
+        probe = probe_logit_norm(s.trainer.model, s.trainer.processing_class)  # every rank: ZeRO-3 gathers
         s.trainer.save_model(os.path.join(s.run_dir, "model"))
         if s.log:
             import mlflow
 
+            mlflow.log_metric("probe_logit_norm", probe)
             mlflow.log_artifacts(os.path.join(s.run_dir, "model"), "model")
     if s.log:
         shutil.rmtree(s.run_dir, ignore_errors=True)
