@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# Colab (or any CUDA box with torch already installed): dsnb's pinned requirements without replacing the
-# installed torch, a GPU check, libaio for NVMe offload, and DeepSpeed's environment report.
-#   bash colab_setup.sh
+# Colab (or any machine whose torch is already installed, e.g. a CUDA workstation): dsnb and only what it needs
+# to run, never replacing the installed torch, then DeepSpeed's CPU Adam built once (python -m dsnb prepare).
+#   bash colab_setup.sh                      # from a checkout
+#   DSNB_SOURCE=<pip source> bash colab_setup.sh   # a git URL, a wheel or a zip of the repository
+# The notebooks' setup cell runs the same two steps on Colab (DSNB_SOURCE there defaults to the project's URL).
 set -uo pipefail
 cd "$(dirname "$0")"
-python3 -c "import torch" 2>/dev/null || { echo "torch is missing: install the build for your CUDA first"; exit 1; }
-before=$(python3 -c "import torch; print(torch.__version__)")
-if command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; then :; else
-  echo "No GPU visible: on Colab pick Runtime > Change runtime type > GPU, or set DSNB_OFFLINE=1 to run offline on the CPU"
-fi
+source=${DSNB_SOURCE:-.}
+started=$SECONDS
+torch_version=$(python3 -c "import torch; print(torch.__version__)" 2>/dev/null) \
+  || { echo "torch is missing: install the build for your CUDA first"; exit 1; }
 # NVMe offload (ZeRO-Infinity) goes through libaio; without it only CPU offload works.
-if ! ldconfig -p 2>/dev/null | grep -q libaio; then
+if ! ldconfig -p 2>/dev/null | grep -q libaio && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get install -y -qq libaio-dev >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq libaio-dev >/dev/null 2>&1)) \
     || echo "libaio-dev could not be installed: NVMe offload will be unavailable (CPU offload still works)"
 fi
-python3 -m pip install -q -r requirements.txt || exit 1
-python3 -m pip install -q --no-deps -e . || exit 1
-after=$(python3 -c "import torch; print(torch.__version__)")
-[ "$before" = "$after" ] || { echo "torch changed from $before to $after: a requirement pulled another build"; exit 1; }
-echo "torch $after kept"
-ds_report 2>/dev/null | sed -n '/DeepSpeed general environment info/,$p' || true
+# Pinning the installed torch keeps every requirement from pulling another build.
+python3 -m pip install -q "$source" "torch==$torch_version" || { echo "pip could not install dsnb from $source"; exit 1; }
+echo "dsnb installed from $source in $((SECONDS - started)) s; torch $torch_version kept"
+python3 -m dsnb prepare || exit 1
+echo "ready in $((SECONDS - started)) s"

@@ -103,6 +103,8 @@ def parser() -> argparse.ArgumentParser:
     save.add_argument("--push_to", default="", help="a hub repository, owner/name (created private if new)")
     save.add_argument("--token", default="", help="hub token for --push_to (default: $HF_TOKEN); never logged")
     save.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    sub.add_parser("prepare", help="once after installing (colab_setup.sh runs it): report the GPU, build "
+                   "DeepSpeed's CPU Adam")
     export = sub.add_parser("export", help="zip the MLflow store for download")
     export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
@@ -147,8 +149,8 @@ def _terminated(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    # SIGTERM (a job scheduler, `kill`) ends like Ctrl-C: the running variant is stopped and recorded KILLED.
-    signal.signal(signal.SIGTERM, _terminated)
+    if argv is None:  # the command line (not a test calling in): SIGTERM ends like Ctrl-C, the variant recorded KILLED
+        signal.signal(signal.SIGTERM, _terminated)
     argv = negative_values(sys.argv[1:] if argv is None else argv)
     try:
         args = parser().parse_args(argv)
@@ -291,6 +293,13 @@ def cmd_save(args) -> int:
     return 0
 
 
+def cmd_prepare(args) -> int:
+    from .preflight import prepare
+
+    prepare()
+    return 0
+
+
 def cmd_export(args) -> int:
     from .tracking import export_store, ui_command
 
@@ -311,4 +320,4 @@ def cmd_ui(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "check": cmd_check, "compare": cmd_compare, "sweep": cmd_sweep, "bench": cmd_bench,
-            "capacity": cmd_capacity, "save": cmd_save, "export": cmd_export, "ui": cmd_ui}
+            "capacity": cmd_capacity, "save": cmd_save, "prepare": cmd_prepare, "export": cmd_export, "ui": cmd_ui}

@@ -5,7 +5,7 @@
     results = run_all(cfgs, gpus=2)        # two at a time, one per GPU
 
 The parent opens the MLflow run and writes one child description (config, run id, progress file) as
-JSON; the child (`python -m dsnb.launch child.json`, under torchrun for several GPUs) trains and logs
+JSON; the child (`python -m dsnb.child child.json`, under torchrun for several GPUs) trains and logs
 into that run, writing its output to the run's train.log and its progress to the progress file. A child
 that fails or dies leaves a FAILED or KILLED run with its log; an interrupt (Ctrl-C, Jupyter's "Interrupt
 kernel", SIGTERM) stops the child too, which ends its run KILLED with what it measured so far.
@@ -50,7 +50,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
                        "parent_pid": os.getpid()}, f)
         # Several GPUs: torchrun starts one process per GPU; each rank trains, rank 0 logs into run_id.
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
-        command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.launch", child_file]
+        command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
         try:
             returncode = _watch(command, {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}, log_file,
                                 progress_file, bar)
@@ -99,7 +99,8 @@ def _follow(path: str, seen: int, bar) -> int:
     complete = [line for line in lines if line.endswith(b"\n")]
     for record in map(json.loads, complete):
         if "say" in record:
-            bar.write(f"{bar.desc}: {record['say']}")
+            if not bar.disable:
+                bar.write(f"{bar.desc}: {record['say']}")
             continue
         bar.total = record["total"]
         if record["loss"] is not None:
@@ -229,6 +230,7 @@ def child_main(path: str) -> int:
     try:
         metrics = train(cfg, child["run_id"], reporter=ToParent())
     except KeyboardInterrupt:
+        print("dsnb: interrupted; the run is recorded KILLED with what it measured so far", file=sys.stderr)
         return 130
     except ConfigError as e:
         print(f"dsnb: error: {e}", file=sys.stderr)
@@ -253,5 +255,3 @@ def _watch_parent(pid: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1]))

@@ -39,14 +39,20 @@ def cache_dir() -> str:
     return os.environ.get("DSNB_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dsnb"))
 
 
+def synthetic_shape(name: str) -> str:
+    """The shape of a synthetic:<shape> name, or a ConfigError listing the shapes."""
+    shape = name.split(":", 1)[1]
+    if shape not in SHAPES:
+        raise ConfigError(f"model {name!r} is unknown; synthetic shapes are "
+                          f"{', '.join('synthetic:' + s for s in SHAPES)}")
+    return shape
+
+
 @functools.lru_cache(maxsize=None)
 def resolve_model(name: str) -> str:
     """A path or hub id that from_pretrained can load; synthetic models are built on first use (once a process)."""
     if name.startswith("synthetic:"):
-        shape = name.split(":", 1)[1]
-        if shape not in SHAPES:
-            raise ConfigError(f"model {name!r} is unknown; synthetic shapes are "
-                              f"{', '.join('synthetic:' + s for s in SHAPES)}")
+        shape = synthetic_shape(name)
         path = os.path.join(cache_dir(), f"synthetic-v{SYNTHETIC_VERSION}", shape)
         if not os.path.isfile(os.path.join(path, "config.json")):
             build_synthetic(shape, path)
@@ -64,9 +70,8 @@ def model_config(name: str):
     weight: a synthetic shape's config is made from SHAPES alone."""
     from transformers import AutoConfig
 
-    shape = name.split(":", 1)[1] if name.startswith("synthetic:") else None
-    if shape in SHAPES:
-        return synthetic_config(SHAPES[shape], bos=0, eos=1)
+    if name.startswith("synthetic:"):
+        return synthetic_config(SHAPES[synthetic_shape(name)], bos=0, eos=1)
     try:
         config = AutoConfig.from_pretrained(resolve_model(name), trust_remote_code=False)
     except (OSError, ValueError) as e:
@@ -79,11 +84,11 @@ def build_synthetic(shape: str, path: str, dims: dict | None = None) -> None:
     """Write a random-init Llama of `shape` (or of `dims`, SHAPES' fields) and dsnb's tokenizer to `path`
     (atomically). Models wider than 1024 are stored in bf16, smaller ones in fp32."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{shape}-")
-    tokenizer = train_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path("synthetic:tiny"))
     tokenizer.save_pretrained(tmp)
     config = synthetic_config(dims or SHAPES[shape], tokenizer.bos_token_id, tokenizer.eos_token_id)
     assert config.vocab_size >= len(tokenizer)
@@ -132,10 +137,29 @@ def train_tokenizer():
                                    pad_token=specials[1], model_max_length=8192)
 
 
+@functools.lru_cache(maxsize=None)
+def tokenizer_path(name: str) -> str:
+    """Where cfg.model's tokenizer loads from: for a synthetic shape, dsnb's own tokenizer (built once, shared by
+    every shape, so a plan or check never builds weights); else the model itself."""
+    if not name.startswith("synthetic:"):
+        return resolve_model(name)
+    synthetic_shape(name)
+    path = os.path.join(cache_dir(), f"synthetic-v{SYNTHETIC_VERSION}", "tokenizer")
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=".tokenizer-")
+        train_tokenizer().save_pretrained(tmp)
+        if os.path.isdir(path):  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, path)
+    return path
+
+
 def load_tokenizer(cfg: RunConfig):
     from transformers import AutoTokenizer
 
-    path = resolve_model(cfg.model)
+    path = tokenizer_path(cfg.model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:

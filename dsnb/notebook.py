@@ -25,6 +25,14 @@ def from_notebook(namespace: dict) -> RunConfig:
     return cfg
 
 
+def preview(cfg: RunConfig) -> str:
+    """What the run will train on and what it should take (data read and checked, GPU and host RAM estimated), before
+    any model downloads or loads."""
+    from .train import describe_plan, plan
+
+    return describe_plan(cfg, plan(cfg, cfg.num_gpus))
+
+
 def explicit_parameters(namespace: dict) -> dict:
     """The run-config fields in `namespace` that were set on purpose (see the module's docstring)."""
     defaults = RunConfig().to_dict()

@@ -17,6 +17,7 @@ import time
 
 from .config import ConfigError, RunConfig, describe
 
+CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
 STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
 _CHECKED: set[str] = set()  # configs this process has already checked (a sweep's kernel sees each twice)
 
@@ -67,6 +68,12 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
         raise ConfigError(f"dataset file {cfg.dataset!r} does not exist; check the path or use dataset=synthetic")
     if cfg.uses_nvme:
         check_nvme_path(cfg.nvme_path)
+    if cfg.offload_optimizer != "none":  # DeepSpeed's CPU Adam: built at the run's start unless it is already
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        if not op_built(CPUAdamBuilder(), "CPU Adam"):
+            print(f"dsnb: DeepSpeed builds its CPU Adam op first: about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, once "
+                  "per machine (python -m dsnb prepare builds it ahead)", flush=True)
     if cfg.ds_config_path:
         read_ds_config(cfg)
     from .model import resolve_model
@@ -198,6 +205,17 @@ def check_nvme_path(path: str) -> None:
                           "set it to your GPU's compute capability, e.g. TORCH_CUDA_ARCH_LIST=9.0, or unset it")
 
 
+def op_built(builder, what: str) -> bool:
+    """Whether a DeepSpeed op is built (installed with DeepSpeed, or JIT-built here before); a stale build lock is
+    an error."""
+    import deepspeed.git_version_info as installed
+    from torch.utils.cpp_extension import _get_build_directory
+
+    check_build_lock(builder, what)
+    folder = _get_build_directory(builder.name, False)
+    return bool(installed.installed_ops.get(builder.name)) or os.path.isfile(os.path.join(folder, f"{builder.name}.so"))
+
+
 def check_build_lock(builder, what: str) -> None:
     """A build killed part way leaves its lock behind, and every later run waits on it without a word."""
     from torch.utils.cpp_extension import _get_build_directory
@@ -206,6 +224,31 @@ def check_build_lock(builder, what: str) -> None:
     if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > STALE_BUILD_S:
         raise ConfigError(f"{lock} is left from an interrupted build of DeepSpeed's {what} op, and the run would "
                           "wait on it for ever; delete that file and run again")
+
+
+def prepare() -> None:
+    """What a fresh machine (Colab) needs once after installing: the GPU reported, DeepSpeed's CPU Adam built (which
+    the tutorial's offload variant uses), with how long it took."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        bf16 = "" if (props.major, props.minor) >= (8, 0) else " (no native bf16: use dtype fp16, or preset colab_t4)"
+        print(f"GPU: {props.name}, {props.total_memory / 2**30:.1f} GB, compute capability {props.major}.{props.minor}"
+              f"{bf16}")
+    else:
+        print("No GPU visible: on Colab pick Runtime > Change runtime type > GPU, or set DSNB_OFFLINE=1 to run offline "
+              "on the CPU")
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    if op_built(CPUAdamBuilder(), "CPU Adam"):
+        print("DeepSpeed's CPU Adam is built")
+        return
+    print(f"Building DeepSpeed's CPU Adam (optimizer offload needs it): about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, "
+          "once per machine ...", flush=True)
+    started = time.perf_counter()
+    CPUAdamBuilder().load(verbose=False)
+    print(f"DeepSpeed's CPU Adam built in {time.perf_counter() - started:.0f} s")
 
 
 def check_nvme_space(path: str, needed_mb: float) -> None:

@@ -217,6 +217,42 @@ def plot_runs(runs: list[RunResult], log: bool = True):
     return Image(buffer.getvalue())
 
 
+def answers(runs: list[RunResult], n: int = 3):
+    """The first n held-out questions with their gold answers and each variant's answers before and after training
+    (read back from the runs' answers.json)."""
+    import json
+
+    import pandas as pd
+
+    table = None
+    for name, group in grouped(load_runs(runs)).items():
+        run = next((r for r in group if r.info.status == "FINISHED"), group[0])
+        client = mlflow_client(runs[0].tracking_uri)
+        try:
+            with open(client.download_artifacts(run.info.run_id, "answers.json")) as f:
+                rows = json.load(f)[:n]
+        except Exception:  # a run with eval_samples 0, or one that failed before answering
+            continue
+        if table is None:
+            table = pd.DataFrame({"question": [r["question"] for r in rows],
+                                  "gold": [", ".join(r["gold"]) or "(none)" for r in rows]})
+        for when in ("before", "after"):
+            table[f"{name}: {when}"] = [r.get(when, "") for r in rows]
+    return table if table is not None else pd.DataFrame()
+
+
+def quality_verdict(result: RunResult) -> str:
+    """Whether training taught the model: held-out exact match before and after, in words."""
+    m = result.metrics
+    if "eval_exact_match" not in m:
+        return f"{result.name}: no held-out scores ({result.status})"
+    before, after = m.get("eval_exact_match_before", 0.0), m["eval_exact_match"]
+    taught = "yes" if after - before > 0.5 else "no"
+    return (f"Training taught the model (held-out exact match rose by more than 0.5): {taught}\n"
+            f"exact match {before:.2f} -> {after:.2f}, F1 {m.get('eval_f1_before', 0.0):.2f} -> "
+            f"{m.get('eval_f1', 0.0):.2f} on {m.get('eval_questions', 0):.0f} questions no training row holds")
+
+
 def savings_table(runs: list[RunResult], baseline: str | None = None):
     """Memory saved and speed lost by each run relative to the baseline run (first baseline, else the first)."""
     import pandas as pd

@@ -34,6 +34,15 @@ def compare(cfg: RunConfig, progress: bool = True) -> list[RunResult]:
                    tags=[{"repeat": str(i)} for i in range(n) for _ in pair])
 
 
+def quality_check(cfg: RunConfig, progress: bool = True) -> RunResult:
+    """The offline check that training teaches (the quality preset: synthetic:small learns the synthetic facts and
+    answers held-out paraphrases), logged to cfg's store and experiment."""
+    from .launch import run_variant
+
+    return run_variant(RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri,
+                                          "experiment": cfg.experiment}), progress=progress)
+
+
 def tutorial_pair(cfg: RunConfig) -> list[RunConfig]:
     """The tutorial's two runs on cfg's model and data: no DeepSpeed, then ZeRO-2 with CPU optimizer offload."""
     return [cfg.replace(strategy="baseline", offload_optimizer="none", offload_param="none",

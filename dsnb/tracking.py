@@ -255,6 +255,40 @@ def export_store(tracking_uri: str, dest: str) -> str:
     return dest
 
 
+def download_store(tracking_uri: str, drive_folder: str = "") -> str:
+    """Export the store to a zip nothing else holds (dsnb_mlflow.zip, else dsnb_mlflow-2.zip, ...) and hand it over:
+    Colab downloads it; with drive_folder (a mounted Google Drive folder) a copy goes there too. Returns the zip."""
+    import shutil
+
+    dest, n = "dsnb_mlflow.zip", 1
+    while os.path.exists(dest):
+        n += 1
+        dest = f"dsnb_mlflow-{n}.zip"
+    export_store(tracking_uri, dest)
+    if drive_folder:
+        os.makedirs(drive_folder, exist_ok=True)
+        shutil.copy(dest, os.path.join(drive_folder, os.path.basename(dest)))
+    if "COLAB_RELEASE_TAG" in os.environ:
+        from google.colab import files
+
+        files.download(dest)
+    return dest
+
+
+def open_store(tracking_uri: str) -> str:
+    """A store to read: a zip from download_store (uploaded to a new runtime, say) is unzipped beside itself once
+    and its SQLite file used; any other URI is returned as it is."""
+    if not tracking_uri.endswith(".zip"):
+        return tracking_uri
+    if not os.path.isfile(tracking_uri):
+        raise FileNotFoundError(f"{tracking_uri} does not exist; upload dsnb_mlflow.zip first (Colab: the Files pane)")
+    folder = tracking_uri[:-4]
+    if not os.path.isfile(os.path.join(folder, "mlflow.db")):
+        with zipfile.ZipFile(tracking_uri) as zf:
+            zf.extractall(folder)
+    return f"sqlite:///{os.path.abspath(folder)}/mlflow.db"
+
+
 def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:
     """The command that opens the MLflow UI on this machine only (no auth: keep it off the network)."""
     return f"mlflow ui --backend-store-uri {tracking_uri} --host {host} --port {port}"

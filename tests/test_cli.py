@@ -105,3 +105,78 @@ def test_deepspeeds_own_launcher_runs_one_rank_per_process(workdir):
 def test_bench_baseline_must_exist(workdir):
     done = dsnb("bench", "--offline", "--baseline", "missing.json", cwd=workdir)
     assert done.returncode == 2 and "--baseline missing.json does not exist" in done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--learning_rat", "1"], "unrecognized arguments: --learning_rat 1"),  # never expanded to learning_rate
+    (["run", "--batch_size"], "argument --batch_size: expected one argument"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["bench", "--repeats", "0"], "argument --repeats: '0' is not a whole number of at least 1"),
+    (["bench", "--steps", "2.5"], "argument --steps: '2.5' is not a whole number of at least 1"),
+    (["save", "--run_id", "x"], "the following arguments are required: -o/--output"),
+    (["check", "--offline", "--learning_rate", "-1e-4"], "learning_rate must be positive"),  # a value, not a flag
+    (["check", "--offline", "--batch_size", "2.5"], "batch_size is 2.5; expected an integer"),
+    (["check", "--offline", "--num_samples", "4"], "num_samples is 4 but one step takes"),
+    (["check", "--offline", "--warmup_steps", "2"], "warmup_steps is now untimed_steps"),
+    (["check", "--offline", "--tracking_uri", "sqlite:///"], "tracking_uri 'sqlite:///' names no database file"),
+    (["check", "--offline", "--tracking_uri", "./mlruns"], "is a file store, which MLflow 3"),
+])
+def test_every_cli_error_is_one_line(workdir, capsys, args, message):
+    from dsnb.cli import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dsnb: error: ") and message in err[0], err
+
+
+def test_an_unanswering_tracking_server_fails_in_seconds(workdir):
+    import time
+
+    started = time.time()
+    done = dsnb("check", "--offline", "--tracking_uri", "http://127.0.0.1:9", cwd=workdir)
+    assert done.returncode == 2 and "does not answer" in done.stderr.strip().splitlines()[-1]
+    assert time.time() - started < 60  # MLflow's own retries take minutes
+
+
+def test_check_reads_the_data_and_estimates_without_training(workdir):
+    done = dsnb("check", "--offline", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "64 samples of" in done.stdout and "64 held-out questions" in done.stdout and "host RAM" in done.stdout
+    assert not (workdir / "mlflow.db").exists()  # nothing recorded
+
+
+def test_bench_never_writes_over_a_result(workdir):
+    (workdir / "out").mkdir()
+    (workdir / "out" / "cpu.json").write_text("{}")
+    done = dsnb("bench", "--offline", "--out", "out", cwd=workdir)
+    assert done.returncode == 2 and "out/cpu.json exists" in done.stderr
+    assert (workdir / "out" / "cpu.json").read_text() == "{}"
+
+
+def test_a_deleted_experiment_is_restored_and_said_so(workdir):
+    done = dsnb("run", "--offline", "--max_steps", "1", "--eval_samples", "0", "--save_model", "false", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    client.delete_experiment(client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id)  # the UI's delete
+    again = dsnb("run", "--offline", "--max_steps", "1", "--eval_samples", "0", "--save_model", "false", cwd=workdir)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "had been deleted in MLflow; restored it" in again.stderr
+    exp = client.get_experiment_by_name("DeepSpeed_Comparison")
+    assert exp.lifecycle_stage == "active" and len(client.search_runs([exp.experiment_id])) == 2
+
+
+def test_a_run_name_with_quotes_resumes_and_reruns(workdir):
+    name = "it's \"quoted\""
+    flags = ["--offline", "--max_steps", "2", "--eval_samples", "0", "--run_name", name, "--save_model", "false"]
+    assert dsnb("run", *flags, cwd=workdir).returncode == 0
+    done = dsnb("run", *flags, "--resume", cwd=workdir)
+    assert done.returncode == 2 and "nothing to resume" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_host_ram_beyond_the_budget_is_refused_before_loading_or_warned(workdir):
+    big = ["check", "--offline", "--model", "synthetic:llama-3.1-8b", "--quantization", "none", "--strategy", "zero3",
+           "--offload_param", "cpu", "--offload_optimizer", "cpu", "--ram_budget_gb", "12.7"]
+    done = dsnb(*big, cwd=workdir)
+    assert done.returncode == 2 and "GB of host RAM" in done.stderr and "ram_budget_gb is 12.7" in done.stderr
+    warned = dsnb(*big, "--host_ram_check", "warn", "--max_length", "64", "--num_samples", "8", cwd=workdir)
+    assert "dsnb: warning: this run needs about" in warned.stdout

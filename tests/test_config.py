@@ -94,3 +94,56 @@ def test_every_shipped_variant_file_loads_and_names_its_command(path):
         assert all(cfg.model == model for model, _, cfg in cells)
     else:
         RunConfig.from_yaml(str(path))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(batch_size="2.5"), "batch_size is 2.5; expected an integer"),  # never rounded to 2
+    (dict(lora_r=0.5), "lora_r is 0.5; expected an integer"),  # never 0, which would mean full fine-tuning
+    (dict(learning_rate="nan"), "learning_rate is nan; expected a finite number"),
+    (dict(epochs=float("inf")), "epochs is inf; expected a finite number"),
+    (dict(memory_budget_gb="-inf"), "memory_budget_gb is -inf; expected a finite number"),
+    (dict(seed=-1), "seed is -1; use a seed from 0 to 4294967295"),
+    (dict(seed=2**32), "seed is 4294967296"),
+    (dict(max_length=2**40), "max_length is 1099511627776; it must be at most 2147483647"),
+    (dict(lora_targets="q_proj,,v_proj"), "lora_targets is 'q_proj,,v_proj'"),
+    (dict(experiment=" "), "experiment is empty"),
+    (dict(run_name="a\nb"), "run_name must be at most 250 printable characters"),
+    (dict(preset="t4"), "preset is 't4'; use one of colab_t4, quality"),
+    (dict(warmup_steps=3), "warmup_steps is now untimed_steps"),
+    (dict(ds_config="x.json"), "ds_config is now ds_config_path"),
+])
+def test_values_outside_what_the_libraries_take_are_refused(changes, message):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.layered(changes)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_layering_keeps_an_explicit_default_and_puts_the_preset_under_the_layers():
+    # Set on purpose, the tutorial's fp16 stays fp16 under the offline default (which would say fp32).
+    assert RunConfig.layered({"dtype": "fp16"}, offline=True).dtype == "fp16"
+    assert RunConfig.layered({}, offline=True).dtype == "fp32"
+    cfg = RunConfig.layered({"preset": "colab_t4"}, {"memory_budget_gb": 12})
+    assert (cfg.dtype, cfg.memory_budget_gb, cfg.ram_budget_gb) == ("fp16", 12.0, 12.7)
+    quality = RunConfig.layered({"preset": "quality"}, offline=True)  # the preset wins over the offline default
+    assert (quality.model, quality.lora_r, quality.max_steps) == ("synthetic:small", 0, 600)
+    assert (cfg.name, RunConfig(run_name="x").name) == (cfg.derived_name(), "x")
+    assert RunConfig(batch_size=4, grad_accum=2).samples_per_step(3) == 24
+    assert (RunConfig(max_steps=8).runs_each, RunConfig().runs_each, RunConfig(repeats=5).runs_each) == (3, 1, 5)
+
+
+@pytest.mark.parametrize("path", sorted((pathlib.Path(__file__).parent.parent / "dsnb" / "presets").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_preset_is_valid_and_names_its_command(path):
+    assert "python -m dsnb " in path.read_text()
+    RunConfig.layered({"preset": path.stem})
+
+
+def test_a_notebook_keeps_what_papermill_injected_even_at_its_default():
+    from dsnb.notebook import explicit_parameters
+
+    parameters = "dtype: str = 'fp16'  # ...\nbatch_size: int = 2  # ...\nlora_r: int = 16"
+    namespace = {**RunConfig().to_dict(), "batch_size": 8, "_ih": ["", parameters, "# Parameters\ndtype = 'fp16'\n"]}
+    assert explicit_parameters(namespace) == {"dtype": "fp16", "batch_size": 8}
+    namespace["_ih"].append("warmup_steps = 3")
+    with pytest.raises(ConfigError, match="warmup_steps is now untimed_steps"):
+        explicit_parameters(namespace)

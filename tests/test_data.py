@@ -124,3 +124,59 @@ def test_bad_files_say_what_to_change(tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(ConfigError, match="could not be read"):
         load(tmp_path / "broken.json")
+
+
+def test_the_training_text_ends_in_eos_and_the_loss_covers_it(tokenizer):
+    rows = synthetic_squad(4)
+    eos = build_dataset(RunConfig(**dict(OFFLINE, num_samples=4, padding="longest")), tokenizer, rows)
+    plain = build_dataset(RunConfig(**dict(OFFLINE, num_samples=4, padding="longest", prompt="tutorial")),
+                          tokenizer, rows)
+    for with_eos, without in zip(eos, plain, strict=True):
+        assert with_eos["input_ids"] == without["input_ids"] + [tokenizer.eos_token_id]
+        assert with_eos["labels"][-1] == tokenizer.eos_token_id  # predicted, though the pad token is EOS too
+    padded = build_dataset(RunConfig(**dict(OFFLINE, num_samples=4, max_length=64)), tokenizer, rows)
+    for sample, row in zip(padded, eos, strict=True):  # padding after the EOS is masked, the EOS is not
+        n = len(row["input_ids"])
+        assert sample["labels"][n - 1] == tokenizer.eos_token_id and set(sample["labels"][n:]) == {-100}
+    with pytest.raises(ConfigError, match="has no chat template; use prompt eos"):
+        build_dataset(RunConfig(**dict(OFFLINE, num_samples=4, prompt="chat")), tokenizer, rows)
+
+
+def test_held_out_questions_are_in_no_training_row_yet_training_teaches_their_answers():
+    train, held_out = synthetic_squad(2000), synthetic_squad(500, held_out=True)
+    assert len(held_out) == 72 and all(r["answers"]["text"] for r in held_out)
+    assert not {r["question"] for r in train} & {r["question"] for r in held_out}
+    taught = {r["answers"]["text"][0] for r in train if r["answers"]["text"]}
+    assert {r["answers"]["text"][0] for r in held_out} <= taught
+    assert load_records(RunConfig(**OFFLINE), "eval", 10) == [dict(r, answers={"text": r["answers"]["text"]})
+                                                              for r in held_out[:10]]
+
+
+def test_a_max_length_that_cuts_every_answer_is_refused_and_one_that_cuts_some_is_counted(tokenizer):
+    from dsnb.data import truncated
+
+    with pytest.raises(ConfigError, match="max_length is 8, which cuts every sample before its answer"):
+        build_dataset(RunConfig(**dict(OFFLINE, max_length=8, num_samples=16)), tokenizer)
+    cut = truncated(RunConfig(**dict(OFFLINE, max_length=40, num_samples=64)),
+                    build_dataset(RunConfig(**dict(OFFLINE, max_length=40, num_samples=64)), tokenizer))
+    assert 0 < cut < 64
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"question": "q?", "answers": {"text": "Paris"}}\n', "row 1: answers.text is the string 'Paris'"),
+    ('{"question": null, "answer": "a"}\n', "row 1: question is None; every row needs its question as text"),
+    ('{"question": "q?", "answer": "a"}\n{"question": 5, "answer": "b"}\n', "row 2: question is 5"),
+    (b'{"question": "q1?", "answer": "a"}\n{"question": "q\xff?", "answer": "b"}\n', "line 2: byte 0xff is not UTF-8"),
+])
+def test_rows_that_would_train_on_garbage_name_the_file_and_row(tmp_path, content, message):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=path.read_bytes().count(b"\n"))))
+
+
+def test_cells_that_only_look_like_json_are_read_as_their_text(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text('question,answers\n"q1?","{not json"\n"q2?","{""text"": [""Seoul""]}"\n')
+    rows = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=2)))
+    assert [format_prompt(r) for r in rows] == ["질문: q1?\n답변: {not json", "질문: q2?\n답변: Seoul"]

@@ -1,0 +1,108 @@
+"""Interrupts as users send them, each while a variant trains: Jupyter's "Interrupt kernel" (SIGINT to the kernel's
+process alone), Ctrl-C in a terminal (SIGINT to the whole foreground group) and SIGTERM (a scheduler, `kill`).
+Every time the variant stops at once, its run ends KILLED with its log and what it measured, nothing is left
+running or behind, and a notebook's kernel lives on."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+import psutil
+import pytest
+
+from dsnb.config import OFFLINE
+
+pytestmark = pytest.mark.integration
+LONG = dict(OFFLINE, max_steps=5000, logging_steps=1, save_model=False, eval_samples=0, quantization="none",
+            repeats=1)
+
+
+def wait_for_training(uri: str, name: str, timeout: float = 240):
+    """The run named `name` once it has logged a few steps' loss."""
+    client = mlflow.MlflowClient(uri)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        exps = [e.experiment_id for e in client.search_experiments()] if os.path.exists(uri[10:]) else []
+        runs = [r for r in client.search_runs(exps) if r.info.run_name == name] if exps else []
+        if runs and len(client.get_metric_history(runs[0].info.run_id, "loss")) >= 3:
+            return runs[0]
+        time.sleep(0.5)
+    pytest.fail(f"{name} did not start training within {timeout} s")
+
+
+def assert_killed_with_what_it_measured(uri: str, run_id: str):
+    client = mlflow.MlflowClient(uri)
+    deadline = time.time() + 120
+    while client.get_run(run_id).info.status == "RUNNING" and time.time() < deadline:
+        time.sleep(0.5)
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags.get("failure") == "interrupted", run.info
+    assert run.data.metrics["peak_cpu_rss_mb"] > 100 and run.data.metrics["samples_per_second"] > 0
+    assert "train.log" in {a.path for a in client.list_artifacts(run_id)}
+    log = open(client.download_artifacts(run_id, "train.log")).read()
+    assert "dsnb: interrupted" in log  # the child's own record of being stopped
+
+
+def no_child_left(marker: str):
+    alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert not alive, alive
+
+
+def test_jupyter_interrupt_stops_the_running_variant(workdir):
+    from jupyter_client.manager import start_new_kernel
+
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(workdir), env={**os.environ, "TMPDIR": str(workdir)})
+    try:
+        kc.execute("import dsnb\n"
+                   f"dsnb.run_all([dsnb.RunConfig(**{LONG!r}, tracking_uri={uri!r}, run_name='nb-long')], "
+                   "progress=False)")
+        run = wait_for_training(uri, "nb-long")
+        km.interrupt_kernel()  # what Jupyter's button does: SIGINT to the kernel's process, not its children
+        reply = kc.get_shell_msg(timeout=180)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert_killed_with_what_it_measured(uri, run.info.run_id)
+        no_child_left(str(workdir))
+        assert not [p for p in os.listdir(workdir) if p.startswith("dsnb-")]  # the child's temporary folder is gone
+        kc.execute("x = 6 * 7")
+        assert kc.get_shell_msg(timeout=60)["content"]["status"] == "ok"  # the kernel lives on
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_sigterm_to_compare_stops_its_variant_and_leaves_nothing(workdir):
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    flags = [f"--{k}={v}" for k, v in LONG.items() if k not in OFFLINE]
+    compare = subprocess.Popen([sys.executable, "-m", "dsnb", "compare", "--offline", *flags], cwd=workdir,
+                               env={**os.environ, "TMPDIR": str(workdir)}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    run = wait_for_training(uri, "Without_DeepSpeed")
+    compare.send_signal(signal.SIGTERM)
+    assert compare.wait(timeout=180) == 130
+    assert "interrupted" in compare.stderr.read()
+    assert_killed_with_what_it_measured(uri, run.info.run_id)
+    client = mlflow.MlflowClient(uri)
+    names = [r.info.run_name for r in client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison")
+                                                           .experiment_id])]
+    assert names == ["Without_DeepSpeed"]  # the next variant never started
+    no_child_left(str(workdir))
+    assert not [p for p in os.listdir(workdir) if p.startswith("dsnb-")]
+
+
+def test_ctrl_c_in_a_terminal_ends_the_run_killed(workdir):
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    flags = [f"--{k}={v}" for k, v in LONG.items() if k not in OFFLINE]
+    run_process = subprocess.Popen([sys.executable, "-m", "dsnb", "run", "--offline", *flags, "--run_name", "ctrl-c"],
+                                   cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+    run = wait_for_training(uri, "ctrl-c")
+    os.killpg(run_process.pid, signal.SIGINT)  # a terminal sends it to the whole foreground group
+    assert run_process.wait(timeout=180) == 130
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "KILLED" and run.data.tags["failure"] == "interrupted"
+    assert run.data.metrics["peak_cpu_rss_mb"] > 100 and "error.txt" in {a.path for a in
+                                                                        client.list_artifacts(run.info.run_id)}

@@ -1,0 +1,43 @@
+"""The package's shape: each module imports only from the layers below it (no cycle, nothing reaching back up),
+and the lint configuration in pyproject.toml finds nothing."""
+import ast
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).parent.parent / "dsnb"
+# Lowest first, as dsnb/__init__.py's docstring lists them.
+LAYERS = ["config", "data", "model", "zero", "metrics", "estimate", "evaluate", "preflight", "tracking", "loop",
+          "train", "launch", "publish", "sweep", "bench", "capacity", "report", "notebook", "cli", "child",
+          "__init__", "__main__"]
+
+
+def imported(path: pathlib.Path) -> set[str]:
+    """dsnb modules a file imports, at the top or inside functions."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dsnb."):
+            names.add(node.module.split(".")[1])
+    return names
+
+
+def test_every_module_has_a_layer():
+    assert sorted(p.stem for p in PACKAGE.glob("*.py")) == sorted(LAYERS)
+
+
+@pytest.mark.parametrize("module", LAYERS)
+def test_imports_point_down(module):
+    below = set(LAYERS[:LAYERS.index(module)])
+    upward = imported(PACKAGE / f"{module}.py") - below
+    assert not upward, f"dsnb.{module} imports {sorted(upward)}, which sit above it"
+
+
+def test_lint_finds_nothing():
+    ruff = shutil.which("ruff")
+    assert ruff, "ruff is in requirements-dev.txt; run setup.sh"
+    done = subprocess.run([ruff, "check", "--no-cache", "."], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
