@@ -24,6 +24,7 @@ from .tracking import RunResult
 # dsnb's fast recipe: bf16 weights instead of 8-bit, each batch padded only to its longest sample, and
 # one micro-batch of 8 instead of 2 x 4 accumulation (same effective batch, a quarter of the steps).
 FAST = dict(quantization="none", dtype="bf16", padding="longest", batch_size=8, grad_accum=1)
+FULL = dict(FAST, lora_r=0)
 # ... then dsnb's compiled loop instead of the Trainer's step: one fixed shape (8 x 64 tokens), CUDA graphs.
 COMPILED = dict(FAST, padding="bucket", torch_compile=True)
 VARIANTS = {
@@ -32,6 +33,18 @@ VARIANTS = {
     "fast": FAST,
     "fast_zero2": dict(FAST, strategy="zero2"),
     "fast_compiled": COMPILED,
+    # DeepSpeed in dsnb's compiled loop: what ZeRO costs once the step is no longer the Trainer's.
+    "fast_zero2_compiled": dict(COMPILED, strategy="zero2"),
+    "fast_zero3_compiled": dict(COMPILED, strategy="zero3"),
+    # Full fine-tuning (every weight trained), where DeepSpeed's partitioning pays off.
+    "full": FULL,
+    "full_compiled": dict(FULL, padding="bucket", torch_compile=True),
+    "full_zero2_compiled": dict(FULL, padding="bucket", torch_compile=True, strategy="zero2"),
+    "full_zero3_compiled": dict(FULL, padding="bucket", torch_compile=True, strategy="zero3"),
+    # Full fine-tuning of the 3B shape in a T4's 15 GB: parameters and optimizer states in CPU RAM, a larger
+    # micro-batch so each fetch of the weights over PCIe serves more samples.
+    "full_zero3_offload_15gb": dict(FULL, padding="bucket", torch_compile=True, strategy="zero3", batch_size=32,
+                                    offload_optimizer="cpu", offload_param="cpu", memory_budget_gb=15),
     # The throughput mode: 256 samples a step, packed into rows of 512 tokens with no padding between them;
     # 1,024 samples make 4 full batches an epoch (no short last batch: one shape fewer to compile).
     "throughput_compiled": dict(COMPILED, padding="packed", batch_size=256, num_samples=1024),
@@ -41,12 +54,12 @@ GPU_BASE = dict(model="synthetic:llama-3.2-3b", dataset="synthetic", num_samples
 
 
 def bench_configs(offline: bool, untimed: int, steps: int, tracking_uri: str) -> dict[str, RunConfig]:
-    common = dict(untimed_steps=untimed, max_steps=untimed + steps, logging_steps=1, save_model=False,
+    common = dict(untimed_steps=untimed, max_steps=untimed + steps, logging_steps=1, save_model=False, eval_samples=0,
                   experiment="dsnb_bench", tracking_uri=tracking_uri)
     cfgs = {}
     for name, changes in VARIANTS.items():
         # Offline, on the CPU: fp32 (fp16 needs a GPU, bf16 is emulated) and the offline set's 64 samples.
-        cpu = dict(dtype="fp32", num_samples=OFFLINE["num_samples"],
+        cpu = dict(dtype="fp32", num_samples=OFFLINE["num_samples"], memory_budget_gb=0,
                    batch_size=min(changes.get("batch_size", RunConfig.batch_size), OFFLINE_MAX_BATCH))
         cfgs[name] = RunConfig.layered({} if offline else GPU_BASE, common, changes, cpu if offline else {},
                                        {"run_name": name}, offline=offline)

@@ -53,17 +53,22 @@ def tutorial_pair(cfg: RunConfig) -> list[RunConfig]:
 def load_sweep(path: str, offline: bool = False, overrides: dict | None = None) -> tuple[str, list[RunConfig], str]:
     """(notebook, configs, output folder) of a sweep file; every variant is validated before any runs."""
     spec = read_yaml(path)
-    unknown = sorted(set(spec) - SWEEP_KEYS)
+    unknown = sorted(set(spec) - SWEEP_KEYS, key=str)
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]} is not a sweep key; use {', '.join(sorted(SWEEP_KEYS))}")
-    if not isinstance(spec.get("variants"), list) or not spec["variants"]:
-        raise ConfigError(f"{path}: variants must be a non-empty list of field: value mappings")
+    variants = spec.get("variants")
+    if not isinstance(variants, list) or not variants or not all(isinstance(v, dict) for v in variants) or \
+            not isinstance(spec.get("base") or {}, dict):
+        raise ConfigError(f"{path}: variants must be a non-empty list of field: value mappings (base one mapping)")
+    for key in ("notebook", "output_dir"):
+        if not isinstance(spec.get(key, ""), str) or key in spec and not spec[key].strip():
+            raise ConfigError(f"{path}: {key} must be a path")
     notebook = os.path.join(os.path.dirname(os.path.abspath(path)),
                             spec.get("notebook", "../notebooks/02_zero_stages.ipynb"))
     if not os.path.isfile(notebook):
         raise ConfigError(f"{path}: notebook {notebook} does not exist")
     cfgs = []
-    for i, variant in enumerate(spec["variants"]):
+    for i, variant in enumerate(variants):
         try:
             cfgs.append(RunConfig.layered(spec.get("base") or {}, variant, overrides or {}, offline=offline))
         except ConfigError as e:

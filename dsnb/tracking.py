@@ -80,9 +80,11 @@ def init_store(uri: str) -> None:
     if db is None or uri in _READY:
         return
     import fcntl
+    import logging
 
     from mlflow import MlflowClient
 
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables"
     os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
     with open(db + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

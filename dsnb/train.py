@@ -255,7 +255,9 @@ def training_arguments(cfg: RunConfig, device: str, deepspeed: dict | None, run_
         logging_steps=cfg.logging_steps, logging_first_step=True, report_to="none",
         save_strategy="steps" if cfg.checkpoint_steps else "no", save_steps=cfg.checkpoint_steps or 500,
         deepspeed=deepspeed, ddp_backend="gloo" if device == "cpu" and deepspeed else None,
-        disable_tqdm=quiet, dataloader_num_workers=0)
+        disable_tqdm=quiet, dataloader_num_workers=0,
+        # Batches copied from pinned memory without blocking: the host prepares the next step while the GPU works.
+        dataloader_pin_memory=device.startswith("cuda"), accelerator_config={"non_blocking": device.startswith("cuda")})
 
 
 def log_curve(step: int, logs: dict) -> None:

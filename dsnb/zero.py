@@ -77,5 +77,7 @@ def check_batch_sizes(config: dict, cfg: RunConfig, world_size: int = 1) -> None
         got = config.get(key, "auto")
         if got != "auto" and got != value:
             raise ConfigError(
-                f"ds_config {key} is {got} but batch_size={cfg.batch_size}, grad_accum={cfg.grad_accum} "
+                f"{f'ds_config {cfg.ds_config_path}:' if cfg.ds_config_path else 'ds_config'} {key} is {got!r} but "
+                f"batch_size={cfg.batch_size}, "
+                f"grad_accum={cfg.grad_accum} "
                 f"on {world_size} device(s) give {value}; set it to {value} or \"auto\"")

@@ -1,7 +1,7 @@
 """The capacity map on the CPU: real runs of synthetic:tiny, judged against budgets, table and picture."""
 import pytest
 
-from dsnb.capacity import capacity_table, fastest_fitting, fit, load_capacity, run_capacity
+from dsnb.capacity import Budget, capacity_table, fastest_fitting, fit, load_capacity, run_capacity
 from dsnb.config import ConfigError, RunConfig
 from dsnb.tracking import RunResult
 
@@ -17,11 +17,13 @@ variants:
 
 
 def test_fit_rules():
-    m = {"peak_gpu_allocated_mb": 700.0, "peak_gpu_nvml_mb": 900.0}
-    assert fit("FINISHED", m, 1) == "fits"
-    assert fit("FINISHED", m, 0.8) == "tight"  # tensors fit, the allocator's cache does not
-    assert fit("FINISHED", m, 0.5) == "no"
-    assert fit("FAILED", m, 80) == "failed"
+    m = {"peak_gpu_allocated_mb": 700.0, "peak_gpu_nvml_mb": 900.0, "peak_cpu_rss_mb": 13_000.0}
+    assert fit("FINISHED", m, Budget(1)) == "fits"
+    assert fit("FINISHED", m, Budget(0.8)) == "tight"  # tensors fit, the allocator's cache does not
+    assert fit("FINISHED", m, Budget(0.5)) == "no"
+    assert fit("FAILED", m, Budget(80)) == "failed"
+    colab = Budget(15, 12.7, "Colab T4")  # the GPU would do, the host RAM would not
+    assert fit("FINISHED", m, colab) == "no RAM" and fit("FINISHED", m, Budget(15, 16)) == "fits"
 
 
 def test_capacity_file_errors(tmp_path):
@@ -66,5 +68,5 @@ def test_capacity_map_runs_every_cell_and_keeps_going(workdir):
     with pytest.raises(ConfigError, match="exists"):  # never over an earlier map
         run_capacity("capacity.yaml", offline=True, out_dir="out", progress=False)
     rows = capacity_table([("m", "x", RunConfig())], [RunResult("r", "x", "FINISHED", "", {
-        "samples_per_second": 3.0, "peak_gpu_allocated_mb": 2048.0, "peak_gpu_nvml_mb": 3072.0})], [2.5])
-    assert rows.loc[0, "2.5 GB"] == "tight" and fastest_fitting(rows, [2.5])["fastest_variant"][0] is None
+        "samples_per_second": 3.0, "peak_gpu_allocated_mb": 2048.0, "peak_gpu_nvml_mb": 3072.0})], [Budget(2.5)])
+    assert rows.loc[0, "2.5 GB"] == "tight" and fastest_fitting(rows, [Budget(2.5)])["fastest_variant"][0] is None
