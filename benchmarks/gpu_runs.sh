@@ -7,6 +7,9 @@
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
 #   OUT=out bash benchmarks/gpu_runs.sh big          # 8B LoRA + ZeRO-3 offload: under 15 GB, and its map cell
 #   OUT=out bash benchmarks/gpu_runs.sh nvme         # ZeRO-3 with parameters and optimizer on disk
+#   OUT=out bash benchmarks/gpu_runs.sh colab        # notebook 01 under the colab_t4 preset (GPU 0) beside the T4
+#                                                    # fast recipe in fp16 and compiled DeepSpeed variants (GPU 1)
+#   OUT=out bash benchmarks/gpu_runs.sh speed        # the bench's compiled ZeRO and full fine-tuning variants
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -91,8 +94,34 @@ nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels 
   echo "nvme exit $?"
   dump nvme
   ;;
+colab)  # what a Colab T4 user runs, on an H200 under the T4 preset (fp16, 15 GB cap, 12.7 GB RAM check): it is no T4
+  prebuild synthetic:llama-3.2-3b
+  mkdir -p /tmp/nb01
+  # GPU 0: notebook 01 with the synthetic 3B shape, short runs repeated (a verdict against the run-to-run spread)
+  CUDA_VISIBLE_DEVICES=0 timeout 560 python3 -m papermill notebooks/01_deepspeed_vs_baseline.ipynb \
+    "$OUT/notebook01_t4.ipynb" -k python3 --cwd /tmp/nb01 -p preset colab_t4 -p model synthetic:llama-3.2-3b \
+    -p dataset synthetic -p max_steps 16 -p repeats 3 -p eval_samples 16 -p tracking_uri "$DB" \
+    -p experiment notebook01_t4 > "$OUT/notebook01_t4.log" 2>&1 &
+  # GPU 1: the fast recipe in fp16 as a T4 runs it, under the Trainer and compiled (loss scaler), same batches
+  T4=("${B3[@]}" --preset colab_t4 --quantization none --padding bucket --batch_size 8 --grad_accum 1 --max_steps 40
+      --untimed_steps 10 --logging_steps 1 --eval_samples 0 --experiment t4_fast)
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 -m dsnb run "${T4[@]}" --run_name t4_fp16_trainer > "$OUT/t4_trainer.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 -m dsnb run "${T4[@]}" --torch_compile true --run_name t4_fp16_compiled \
+    > "$OUT/t4_compiled.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 timeout 240 python3 -m dsnb bench --only fast_compiled,fast_zero2_compiled --repeats 1 \
+    --untimed 4 --steps 8 --out "$OUT/bench_colab" --tracking_uri "$DB" > "$OUT/bench_colab.log" 2>&1
+  wait
+  dump colab
+  ;;
+speed)  # compiled DeepSpeed and full fine-tuning, two variants at a time (one per GPU), against the tutorial's recipe
+  prebuild synthetic:llama-3.2-3b
+  timeout 560 python3 -m dsnb bench --gpus "$GPUS" --repeats 1 --untimed 4 --steps 8 --out "$OUT/bench_speed" \
+    --only tutorial,fast_compiled,fast_zero2_compiled,fast_zero3_compiled,full,full_compiled,full_zero2_compiled,full_zero3_compiled,full_zero3_offload_15gb \
+    --tracking_uri "$DB"
+  dump speed
+  ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme [more stages]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed [more]" >&2
   exit 2
   ;;
 esac

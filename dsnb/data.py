@@ -71,6 +71,8 @@ def file_records(path: str, n: int, skip: int = 0) -> tuple[list[dict], str]:
                           f"it has {', '.join(rows.column_names)}")
     if not skip and n > len(rows):
         raise ConfigError(f"num_samples is {n} but {path} holds {len(rows)} rows; set num_samples <= {len(rows)}")
+    if skip >= len(rows):  # no row after the training ones: nothing held out
+        return [], f"dataset file {path}"
     try:
         return [dict(r) for r in rows.select(range(skip, min(skip + n, len(rows))))], f"dataset file {path}"
     except UnicodeDecodeError as e:  # a Parquet string column holding bytes that are not UTF-8

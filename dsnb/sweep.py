@@ -34,11 +34,13 @@ def compare(cfg: RunConfig, progress: bool = True) -> list[RunResult]:
                    tags=[{"repeat": str(i)} for i in range(n) for _ in pair])
 
 
-def quality_check(cfg: RunConfig, progress: bool = True) -> RunResult:
+def quality_check(cfg: RunConfig, progress: bool = True) -> RunResult | None:
     """The offline check that training teaches (the quality preset: synthetic:small learns the synthetic facts and
-    answers held-out paraphrases), logged to cfg's store and experiment."""
+    answers held-out paraphrases), logged to cfg's store and experiment; None where cfg.eval_samples is 0."""
     from .launch import run_variant
 
+    if not cfg.eval_samples:
+        return None
     return run_variant(RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri,
                                           "experiment": cfg.experiment}), progress=progress)
 

@@ -119,10 +119,11 @@ questions (SQuAD's exact match and F1), and every run lands in MLflow with its w
                           "holds the held-out scores of SQuAD's validation questions."),
         new_code_cell("quality = dsnb.quality_check(cfg)\nprint(dsnb.quality_verdict(quality))"),
         checked("print(dsnb.quality_verdict(quality).splitlines()[0])"),
-        new_markdown_cell("## Keep the trained model\nA run's adapter (or whole model) as a folder that peft and "
-                          "transformers load; `merge=True` folds the LoRA weights into the base model. "
+        new_markdown_cell("## Keep the trained model\nThe tutorial run's adapter (or, trained in full, its model) as "
+                          "a folder that peft and transformers load; `merge=True` folds the LoRA weights into the "
+                          "base model. "
                           "`python -m dsnb save --run_id ... --push_to you/name` uploads it (with your token)."),
-        new_code_cell("folder = dsnb.save_model(quality, f\"model-{quality.run_id[:8]}\")\nprint(folder)"),
+        new_code_cell("folder = dsnb.save_model(results[0], f\"adapter-{results[0].run_id[:8]}\")\nprint(folder)"),
         new_markdown_cell("## Take the results with you\nColab's disk goes with its runtime: this zips the store "
                           "(SQLite file and artifacts) and downloads it (`drive_folder=` also copies it to a mounted "
                           "Google Drive). Open it in notebook 03 (`tracking_uri = \"dsnb_mlflow.zip\"`), or unzip it "
@@ -131,7 +132,7 @@ questions (SQuAD's exact match and F1), and every run lands in MLflow with its w
         new_code_cell("print(dsnb.download_store(cfg.tracking_uri))\nprint(dsnb.ui_command(\"sqlite:///mlflow.db\"))"),
         new_markdown_cell("## The trained models answer\nThe first three held-out questions, before training and "
                           "after: the tutorial's pair (offline, a random tiny model: no sense yet) and the quality "
-                          "check's model."),
+                          "check's model (`eval_samples = 0` skips both the answers and the check)."),
         new_code_cell("dsnb.answers(results + [quality])"),
     ]
 

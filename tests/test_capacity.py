@@ -17,7 +17,7 @@ variants:
 
 
 def test_fit_rules():
-    m = {"peak_gpu_allocated_mb": 700.0, "peak_gpu_nvml_mb": 900.0, "peak_cpu_rss_mb": 13_000.0}
+    m = {"peak_gpu_allocated_mb": 700.0, "peak_gpu_nvml_mb": 900.0, "peak_cpu_rss_mb": 14_000.0}
     assert fit("FINISHED", m, Budget(1)) == "fits"
     assert fit("FINISHED", m, Budget(0.8)) == "tight"  # tensors fit, the allocator's cache does not
     assert fit("FINISHED", m, Budget(0.5)) == "no"

@@ -18,6 +18,20 @@ def dsnb(*args, cwd):
     return subprocess.run([sys.executable, "-m", "dsnb", *args], cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
+@pytest.fixture
+def here(workdir, capsys):
+    """`python -m dsnb ...` in this process (for commands that end before any training): exit code and output."""
+    from dsnb.cli import main
+
+    def call(*args, cwd=None):
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return call
+
+
 def test_offline_compare_end_to_end(workdir):
     done = dsnb("compare", "--offline", cwd=workdir)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -61,17 +75,17 @@ def test_offline_compare_end_to_end(workdir):
     (["--strategy", "zero2", "--ds_config_path", "missing.json"], "ds_config 'missing.json' does not exist"),
     (["--model", "synthetic:huge"], "synthetic shapes are"),
 ])
-def test_invalid_configuration_exits_2_with_one_line(workdir, flags, message):
-    done = dsnb("run", "--offline", *flags, cwd=workdir)
+def test_invalid_configuration_exits_2_with_one_line(here, flags, message):
+    done = here("run", "--offline", *flags)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()[-1]) < 300
 
 
-def test_unknown_flag_and_unknown_yaml_key_exit_2(workdir):
-    assert dsnb("run", "--offline", "--batchsize", "3", cwd=workdir).returncode == 2
+def test_unknown_flag_and_unknown_yaml_key_exit_2(workdir, here):
+    assert here("run", "--offline", "--batchsize", "3").returncode == 2
     (workdir / "v.yaml").write_text("strategy: zero1\nlearning_rat: 1\n")
-    done = dsnb("run", "-f", "v.yaml", cwd=workdir)
+    done = here("run", "-f", "v.yaml")
     assert done.returncode == 2 and "learning_rat is not a run-config field" in done.stderr
 
 
@@ -102,8 +116,8 @@ def test_deepspeeds_own_launcher_runs_one_rank_per_process(workdir):
     assert {"peak_cpu_rss_mb_rank0", "peak_cpu_rss_mb_rank1"} <= set(runs[0].data.metrics)
 
 
-def test_bench_baseline_must_exist(workdir):
-    done = dsnb("bench", "--offline", "--baseline", "missing.json", cwd=workdir)
+def test_bench_baseline_must_exist(here):
+    done = here("bench", "--offline", "--baseline", "missing.json")
     assert done.returncode == 2 and "--baseline missing.json does not exist" in done.stderr
 
 
@@ -129,26 +143,26 @@ def test_every_cli_error_is_one_line(workdir, capsys, args, message):
     assert len(err) == 1 and err[0].startswith("dsnb: error: ") and message in err[0], err
 
 
-def test_an_unanswering_tracking_server_fails_in_seconds(workdir):
+def test_an_unanswering_tracking_server_fails_in_seconds(here):
     import time
 
     started = time.time()
-    done = dsnb("check", "--offline", "--tracking_uri", "http://127.0.0.1:9", cwd=workdir)
+    done = here("check", "--offline", "--tracking_uri", "http://127.0.0.1:9")
     assert done.returncode == 2 and "does not answer" in done.stderr.strip().splitlines()[-1]
     assert time.time() - started < 60  # MLflow's own retries take minutes
 
 
-def test_check_reads_the_data_and_estimates_without_training(workdir):
-    done = dsnb("check", "--offline", cwd=workdir)
+def test_check_reads_the_data_and_estimates_without_training(workdir, here):
+    done = here("check", "--offline")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "64 samples of" in done.stdout and "64 held-out questions" in done.stdout and "host RAM" in done.stdout
     assert not (workdir / "mlflow.db").exists()  # nothing recorded
 
 
-def test_bench_never_writes_over_a_result(workdir):
+def test_bench_never_writes_over_a_result(workdir, here):
     (workdir / "out").mkdir()
     (workdir / "out" / "cpu.json").write_text("{}")
-    done = dsnb("bench", "--offline", "--out", "out", cwd=workdir)
+    done = here("bench", "--offline", "--out", "out")
     assert done.returncode == 2 and "out/cpu.json exists" in done.stderr
     assert (workdir / "out" / "cpu.json").read_text() == "{}"
 
@@ -165,18 +179,18 @@ def test_a_deleted_experiment_is_restored_and_said_so(workdir):
     assert exp.lifecycle_stage == "active" and len(client.search_runs([exp.experiment_id])) == 2
 
 
-def test_a_run_name_with_quotes_resumes_and_reruns(workdir):
+def test_a_run_name_with_quotes_resumes_and_reruns(workdir, here):
     name = "it's \"quoted\""
     flags = ["--offline", "--max_steps", "2", "--eval_samples", "0", "--run_name", name, "--save_model", "false"]
     assert dsnb("run", *flags, cwd=workdir).returncode == 0
-    done = dsnb("run", *flags, "--resume", cwd=workdir)
+    done = here("run", *flags, "--resume")
     assert done.returncode == 2 and "nothing to resume" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_host_ram_beyond_the_budget_is_refused_before_loading_or_warned(workdir):
+def test_host_ram_beyond_the_budget_is_refused_before_loading_or_warned(here):
     big = ["check", "--offline", "--model", "synthetic:llama-3.1-8b", "--quantization", "none", "--strategy", "zero3",
            "--offload_param", "cpu", "--offload_optimizer", "cpu", "--ram_budget_gb", "12.7"]
-    done = dsnb(*big, cwd=workdir)
+    done = here(*big)
     assert done.returncode == 2 and "GB of host RAM" in done.stderr and "ram_budget_gb is 12.7" in done.stderr
-    warned = dsnb(*big, "--host_ram_check", "warn", "--max_length", "64", "--num_samples", "8", cwd=workdir)
+    warned = here(*big, "--host_ram_check", "warn", "--max_length", "64", "--num_samples", "8")
     assert "dsnb: warning: this run needs about" in warned.stdout

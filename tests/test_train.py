@@ -8,7 +8,7 @@ from dsnb.launch import run_all
 pytestmark = pytest.mark.integration
 
 # fp32 full fine-tuning, a loss record every step and a learning rate large enough to move the loss.
-BASE = dict(OFFLINE, quantization="none", lora_r=0, max_steps=5, logging_steps=1, learning_rate=1e-3,
+BASE = dict(OFFLINE, quantization="none", lora_r=0, max_steps=5, logging_steps=1, learning_rate=1e-3, eval_samples=0,
             save_model=False)
 STAGES = {"zero1": dict(strategy="zero1"), "zero2": dict(strategy="zero2"),
           "zero2_offload": dict(strategy="zero2", offload_optimizer="cpu"), "zero3": dict(strategy="zero3")}
@@ -54,8 +54,10 @@ def test_fast_recipe_keeps_the_math(tmp_path):
     from dsnb.bench import FAST
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3,
-                  lora_dropout=0.0, save_model=False, tracking_uri=uri)  # no dropout: masks differ by batch layout
+    # One step's worth of samples (8), so every step sees the same ones and the loss must fall as LoRA learns.
+    common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, num_samples=8,
+                  eval_samples=0, lora_dropout=0.0, save_model=False,
+                  tracking_uri=uri)  # no dropout: masks differ by batch layout
     plain = RunConfig(**common, run_name="plain")
     fast = RunConfig(**{**common, **FAST, "dtype": "fp32"}, run_name="fast")
     assert (fast.padding, fast.batch_size * fast.grad_accum) == ("longest", plain.batch_size * plain.grad_accum)
@@ -73,7 +75,8 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path):
     """dsnb's compiled loop (bucket or packed batches, 2 x 2 accumulation) logs the Trainer's loss curve."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
-                  grad_accum=2, lora_dropout=0.0, padding="bucket", save_model=False, tracking_uri=uri)
+                  grad_accum=2, num_samples=4, eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False,
+                  tracking_uri=uri)  # every step sees the same 4 samples: the loss must fall
     trainer = RunConfig(**common, run_name="trainer")
     compiled = trainer.replace(torch_compile=True, run_name="compiled")
     packed = compiled.replace(padding="packed", run_name="packed")
@@ -96,7 +99,8 @@ def test_compiled_deepspeed_keeps_the_trainers_math(tmp_path, monkeypatch):
     optimizer offload, and ZeRO-3 full fine-tuning; the fp16 loss scaler (forced on an fp32 run) changes nothing."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
-                  grad_accum=2, lora_dropout=0.0, padding="bucket", save_model=False, tracking_uri=uri)
+                  grad_accum=2, num_samples=4, eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False,
+                  tracking_uri=uri)  # every step sees the same 4 samples: the loss must fall
     zero2 = RunConfig(**common, strategy="zero2", offload_optimizer="cpu", run_name="zero2")
     zero3 = RunConfig(**dict(common, lora_r=0), strategy="zero3", run_name="zero3")
     plain = RunConfig(**common, run_name="plain")

@@ -1,0 +1,237 @@
+"""A capacity map: which variant lets each model train within each GPU memory budget, and how fast.
+
+    python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2     # on GPUs: table, PNG, fastest per budget
+    python -m dsnb capacity -f variants/capacity_map.yaml --offline    # synthetic:tiny on the CPU
+
+    table, fastest, png = dsnb.run_capacity("variants/capacity_map.yaml")   # in a notebook;
+    IPython.display.Image(png)                                            # the picture
+
+Each (model, variant) runs once, without a cap, in its own process, and is then judged against every
+budget (RULES). One run per cell rather than one per budget keeps the map to minutes. A capacity file
+(YAML, headed by its command) holds models, budgets_gb, base (fields every run shares), variants
+(name: fields) and skip (["model variant", ...] pairs not run).
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+from dataclasses import dataclass
+
+from .config import ConfigError, RunConfig, read_yaml
+from .launch import run_all
+from .tracking import RunResult, mlflow_client
+
+KEYS = {"models", "budgets_gb", "base", "variants", "skip"}
+STATES = ("fits", "tight", "no", "no RAM", "failed")
+RULES = """Against a budget of B GB a run:
+- fits where its NVML peak (all it took from the GPU: CUDA context and allocator cache included) is at most B;
+- no where its tensors alone (the allocator's peak) exceed B;
+- tight in between: it fits only if the caching allocator gives memory back. Settle it with
+  `python -m dsnb run ... --memory_budget_gb B`, which ends FAILED (failure=oom) if it does not fit;
+- no RAM where the budget names host RAM too (Colab's free tier: 12.7 GB) and the run's resident memory
+  (offloaded optimizer states and weights included) exceeded it, whatever its GPU needed;
+- failed where the run itself failed (see its MLflow run)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A machine to fit: GPU memory, and host RAM where it is tight too (Colab's free tier: 15 GB and 12.7 GB)."""
+
+    gpu_gb: float
+    ram_gb: float = 0.0  # 0: not judged
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.gpu_gb:g} GB"
+
+
+def budgets_of(value, path: str) -> list[Budget]:
+    """budgets_gb: a list of GPU sizes in GB, or {name, gpu_gb, ram_gb} mappings for a whole machine."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{path}: budgets_gb must be a non-empty list of GPU sizes in GB "
+                          "(or {name, gpu_gb, ram_gb} mappings)")
+    budgets = []
+    for item in value:
+        fields = item if isinstance(item, dict) else {"gpu_gb": item}
+        gpu, ram, name = fields.get("gpu_gb"), fields.get("ram_gb", 0.0), fields.get("name", "")
+        if set(fields) - {"gpu_gb", "ram_gb", "name"} or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in (gpu, ram)) or not gpu or not isinstance(name, str):
+            raise ConfigError(f"{path}: budget {item!r} must be a size in GB above 0, or a mapping of name, gpu_gb "
+                              "and ram_gb")
+        budgets.append(Budget(float(gpu), float(ram), name))
+    return budgets
+
+
+def load_capacity(path: str, offline: bool = False, overrides: dict | None = None, only: str = ""):
+    """(budgets, [(model, variant name, RunConfig)]) of a capacity file; every config validated first.
+
+    only: comma-separated variant names and/or models (synthetic:llama-3.2-1b or llama-3.2-1b) to keep.
+    """
+    spec = read_yaml(path)
+    unknown = sorted(set(spec) - KEYS, key=str)
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]} is not a capacity key; use {', '.join(sorted(KEYS))}")
+    models, variants, skip = spec.get("models"), spec.get("variants"), spec.get("skip") or []
+    if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models) or \
+            not isinstance(variants, dict) or not variants or not all(isinstance(v, str) for v in variants):
+        raise ConfigError(f"{path}: needs models (a list of names) and variants (name: fields), each non-empty")
+    if not all(isinstance(f, dict) or f is None for f in variants.values()) or \
+            not isinstance(spec.get("base") or {}, dict) or not isinstance(skip, list):
+        raise ConfigError(f"{path}: base and each variant must be field: value mappings, skip a list")
+    budgets = budgets_of(spec.get("budgets_gb"), path)
+    models = ["synthetic:tiny"] if offline else models
+    wanted = {w.strip() for w in only.split(",") if w.strip()}
+    known = set(variants) | set(models) | {m.split(":")[-1] for m in models}
+    if wanted - known:
+        raise ConfigError(f"--only {sorted(wanted - known)[0]!r} is neither a variant nor a model of {path}; "
+                          f"pick from {', '.join(sorted(known))}")
+    wanted_variants, wanted_models = wanted & set(variants), wanted - set(variants)
+    cells = []
+    for model in models:
+        for name, fields in variants.items():
+            if f"{model} {name}" in skip or wanted_variants and name not in wanted_variants or \
+                    wanted_models and not {model, model.split(":")[-1]} & wanted_models:
+                continue
+            cells.append((model, name, cell_config(path, model, name, [spec.get("base") or {}, fields or {},
+                                                                       overrides or {}], offline)))
+    return budgets, cells
+
+
+def cell_config(path: str, model: str, name: str, layers: list[dict], offline: bool) -> RunConfig:
+    cell = {"model": model, "run_name": f"{model.split(':')[-1]} {name}"}
+    if offline and {k: v for layer in layers for k, v in layer.items()}.get("dtype") == "bf16":
+        cell["dtype"] = "fp32"  # bf16 is emulated on the CPU
+    try:
+        return RunConfig.layered(*layers, cell, offline=offline)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {model} {name}: {e}") from None
+
+
+def fit(status: str, metrics: dict, budget: Budget) -> str:
+    """fits | tight | no | no RAM | failed for one run against one budget (see RULES)."""
+    if status != "FINISHED":
+        return "failed"
+    if budget.ram_gb and metrics.get("peak_cpu_rss_mb", 0) > budget.ram_gb * 1024:
+        return "no RAM"
+    if metrics.get("peak_gpu_nvml_mb", 0) <= budget.gpu_gb * 1024:
+        return "fits"
+    return "no" if metrics.get("peak_gpu_allocated_mb", 0) > budget.gpu_gb * 1024 else "tight"
+
+
+def capacity_table(cells, results: list[RunResult], budgets: list[Budget]):
+    """One row per (model, variant): throughput, GPU and host peaks, and fits/tight/no/no RAM/failed per budget."""
+    import pandas as pd
+
+    rows = []
+    for (model, name, cfg), result in zip(cells, results, strict=True):
+        m = result.metrics
+        row = {"model": model, "variant": name, "training": "full" if cfg.lora_r == 0 else "LoRA",
+               "status": result.status,
+               "samples_per_second": m.get("samples_per_second"),
+               "peak_allocated_gb": m.get("peak_gpu_allocated_mb", 0) / 1024,
+               "peak_nvml_gb": m.get("peak_gpu_nvml_mb", 0) / 1024,
+               "peak_host_gb": m.get("peak_cpu_rss_mb", 0) / 1024, "run_id": result.run_id}
+        row.update({b.label: fit(result.status, m, b) for b in budgets})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fastest_fitting(table, budgets: list[Budget]):
+    """Per model, kind of training (LoRA or full) and budget: the fastest variant that fits (None if none)."""
+    import pandas as pd
+
+    rows = []
+    for (model, training), group in table.groupby(["model", "training"], sort=False):
+        for b in budgets:
+            fits = group[group[b.label] == "fits"].sort_values("samples_per_second", ascending=False)
+            best = fits.iloc[0] if len(fits) else None
+            rows.append({"model": model, "training": training, "budget": b.label,
+                         "fastest_variant": None if best is None else best["variant"],
+                         "samples_per_second": None if best is None else best["samples_per_second"]})
+    return pd.DataFrame(rows)
+
+
+def plot_capacity(table, budgets: list[Budget]) -> bytes:
+    """One panel per model: variants x budgets coloured by fit, each cell labelled with samples/s."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+
+    colours = ListedColormap(["#4caf50", "#ffc107", "#e0e0e0", "#b39ddb", "#e57373"])  # as STATES
+    models = list(dict.fromkeys(table["model"]))
+    heights = [max(2, len(table[table["model"] == m])) for m in models]
+    fig = Figure(figsize=(3 + 1.6 * len(budgets), 1.2 + 0.45 * sum(heights)))
+    axes = fig.subplots(len(models), 1, squeeze=False, gridspec_kw={"height_ratios": heights})
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        group = table[table["model"] == model]
+        grid = [[STATES.index(state) for state in group[b.label]] for b in budgets]
+        ax.imshow(list(map(list, zip(*grid, strict=True))), cmap=colours, vmin=0, vmax=len(STATES) - 1, aspect="auto")
+        for i, (_, row) in enumerate(group.iterrows()):
+            for j, b in enumerate(budgets):
+                state = row[b.label]
+                label = f"{row['samples_per_second']:.3g}/s" if state in ("fits", "tight") else state
+                ax.text(j, i, label, ha="center", va="center", fontsize=8)
+        ax.set(title=model, xticks=range(len(budgets)), xticklabels=[b.label for b in budgets],
+               yticks=range(len(group)), yticklabels=list(group["variant"]))
+    fig.suptitle("green fits, amber tight, grey does not fit the GPU, purple not the host RAM, red failed; "
+                 "samples/s in each cell", fontsize=10)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
+def markdown(table, fastest, command: str) -> str:
+    """The map as Markdown: the command, every run's cells, then the fastest fitting variant per budget."""
+    return "\n".join(["# dsnb capacity map", "", f"    {command}", "", RULES, "",
+                      md_table(table.drop(columns=["run_id"])), "", "## Fastest variant that fits", "",
+                      md_table(fastest), ""])
+
+
+def md_table(frame) -> str:
+    def cell(value):
+        if value is None or value != value:  # None or NaN: nothing fits there
+            return "-"
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dict | None = None,
+                 out_dir: str = "", progress: bool = True, only: str = ""):
+    """Run every cell of a capacity file; return (table, fastest, PNG bytes). The PNG is logged to every run;
+    with out_dir, capacity.md, capacity.csv and capacity.png are written there (never over existing files)."""
+    budgets, cells = load_capacity(path, offline, overrides, only)
+    if not cells:
+        raise ConfigError(f"{path}: --only {only!r} leaves no cell to run (the file's skip list may hold them)")
+    outputs = {ext: os.path.join(out_dir, f"capacity.{ext}") for ext in ("md", "csv", "png")} if out_dir else {}
+    taken = [p for p in outputs.values() if os.path.exists(p)]
+    if taken:
+        raise ConfigError(f"{taken[0]} exists; move it or pick another --out")
+    results = run_all([cfg for _, _, cfg in cells], progress=progress, gpus=gpus)
+    table = capacity_table(cells, results, budgets)
+    fastest = fastest_fitting(table, budgets)
+    png = plot_capacity(table, budgets)
+    client = mlflow_client(cells[0][2].tracking_uri)
+    for result in results:
+        client.log_image(result.run_id, _image(png), "capacity_map.png")
+    if outputs:
+        os.makedirs(out_dir, exist_ok=True)
+        command = f"python -m dsnb capacity -f {path}" + (" --offline" if offline else "") + \
+                  (f" --gpus {gpus}" if gpus > 1 else "") + (f" --only {only}" if only else "")
+        with open(outputs["md"], "w") as f:
+            f.write(markdown(table, fastest, command))
+        table.to_csv(outputs["csv"], index=False)
+        with open(outputs["png"], "wb") as f:
+            f.write(png)
+    return table, fastest, png
+
+
+def _image(png: bytes):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(png))

@@ -1,0 +1,323 @@
+"""The command line: every run-config field is a --<field> flag.
+
+    python -m dsnb run --offline --strategy zero3 --offload_param cpu    # one variant, one MLflow run
+    python -m dsnb check --preset colab_t4                               # the same checks and estimates, no training
+    python -m dsnb compare --offline                                     # the tutorial's pair, then a table
+    python -m dsnb sweep -f variants/sweep_zero_stages.yaml --offline    # papermill, one kernel per variant
+    python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2       # model x variant x budget map
+    python -m dsnb export -o dsnb_mlflow.zip                             # the store in one zip
+    python -m dsnb ui                                                    # how to open MLflow's UI locally
+
+Exit codes: 0 success; 1 a run failed (recorded as a FAILED MLflow run); 2 invalid configuration (one line,
+no traceback); 130 interrupted (the running variant is stopped and recorded KILLED).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, field_docs, field_names,
+                     offline_requested, read_yaml)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and no abbreviated flags (--learning_rat is refused, not expanded)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        raise ConfigError(f"{message} ({self.prog} --help lists what it takes)")
+
+
+def config_parser() -> argparse.ArgumentParser:
+    """Flags shared by every command that builds a RunConfig."""
+    parser = Parser(add_help=False)
+    group = parser.add_argument_group("run config (defaults: the tutorial's values)")
+    group.add_argument("-f", "--file", help="YAML file of run-config fields; flags override it")
+    group.add_argument("--offline", action="store_true",
+                       help=f"the offline default {OFFLINE} (also {OFFLINE_ENV}=1)")
+    docs = field_docs()
+    defaults = RunConfig().to_dict()
+    for name in field_names():
+        group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="V",
+                           help=f"{docs.get(name, '')} (default {defaults[name]!r})")
+    for old in RENAMED:  # refused with the new name, not as an unknown flag
+        group.add_argument(f"--{old}", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    """Defaults < offline default < YAML file < flags (RunConfig.layered)."""
+    flags = {k: v for k, v in vars(args).items() if k in field_names() or k in RENAMED}
+    return RunConfig.layered(read_yaml(args.file) if args.file else {}, flags,
+                             offline=args.offline or offline_requested())
+
+
+def flag_overrides(args: argparse.Namespace) -> dict:
+    """The run-config fields given as flags (for commands whose file holds several variants)."""
+    flags = {k: v for k, v in vars(args).items() if k in field_names() or k in RENAMED}
+    check_names(flags)
+    return flags
+
+
+def parser() -> argparse.ArgumentParser:
+    common = config_parser()
+    top = Parser(prog="python -m dsnb", description="What DeepSpeed buys you, measured.")
+    # DeepSpeed's launcher passes --local_rank=N before the command (it also sets LOCAL_RANK, which dsnb reads).
+    top.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+    run = sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
+    run.add_argument("--resume", action="store_true", help="continue the newest failed or killed run of this "
+                     "name from its last checkpoint (needs checkpoint_steps), into the same MLflow run")
+    sub.add_parser("check", parents=[common], help="check a variant without training: its fields, this machine, "
+                   "its data (read and validated), and its GPU and host-RAM estimates")
+    sub.add_parser("compare", parents=[common], help="run the tutorial's pair and print the table")
+    sub.add_parser("sweep", parents=[common], help="execute a notebook per variant of a sweep file (-f); "
+                   "field flags override every variant")
+    bench = sub.add_parser("bench", help="the tutorial's recipe vs dsnb's fast recipe, repeated; writes "
+                           "benchmarks/results/<gpu>.json and .md")
+    bench.add_argument("--offline", action="store_true", help="synthetic:tiny on the CPU instead of the 3B shape")
+    bench.add_argument("--repeats", type=count(1), default=3)
+    bench.add_argument("--untimed", type=count(0), default=3, help="untimed optimizer steps first")
+    bench.add_argument("--gpus", type=count(1), default=1, help="variants run side by side, one per GPU")
+    bench.add_argument("--steps", type=count(1), default=10, help="timed optimizer steps")
+    bench.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    bench.add_argument("--out", default="bench_results", help="folder for <gpu>.json and .md (never overwritten)")
+    bench.add_argument("--baseline", default="", help="a committed bench JSON: exit 1 where this run regressed "
+                       "from it (speed-up to the tutorial's recipe halved, failed runs, a slow tutorial pair)")
+    bench.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    capacity = sub.add_parser("capacity", parents=[common], help="model x variant x memory budget: which fit, "
+                              "how fast; a table, a PNG and the fastest fitting variant per budget")
+    capacity.add_argument("--gpus", type=count(1), default=1, help="runs side by side, one per GPU")
+    capacity.add_argument("--out", default="capacity_map", help="folder for capacity.md/.csv/.png (not overwritten)")
+    capacity.add_argument("--only", default="", help="comma-separated variant names and/or models to run "
+                          "(default: every cell)")
+    save = sub.add_parser("save", help="write a run's trained adapter (or model) to a folder; --merge folds the "
+                          "LoRA weights into the base model; --push_to uploads it (needs a token)")
+    save.add_argument("--run_id", required=True, help="the MLflow run id (python -m dsnb ui shows them)")
+    save.add_argument("-o", "--output", required=True, help="a new folder")
+    save.add_argument("--merge", action="store_true", help="save the base model with the adapter merged in")
+    save.add_argument("--push_to", default="", help="a hub repository, owner/name (created private if new)")
+    save.add_argument("--token", default="", help="hub token for --push_to (default: $HF_TOKEN); never logged")
+    save.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    sub.add_parser("prepare", help="once after installing (colab_setup.sh runs it): report the GPU, build "
+                   "DeepSpeed's CPU Adam")
+    export = sub.add_parser("export", help="zip the MLflow store for download")
+    export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
+    ui = sub.add_parser("ui", help="print the command that opens the MLflow UI on 127.0.0.1")
+    ui.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    return top
+
+
+def count(low: int):
+    """An argparse type: an integer of at least `low` (2.5, nan or -1 are refused, not rounded)."""
+    def parse(text: str) -> int:
+        value = text.strip()
+        if not value.lstrip("+-").isdigit() or int(value) < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least {low}")
+        return int(value)
+
+    parse.__name__ = f"whole number >= {low}"
+    return parse
+
+
+def negative_values(argv: list[str]) -> list[str]:
+    """`--learning_rate -1e-4` as `--learning_rate=-1e-4`: argparse would take a negative number for a flag."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and arg.startswith("-") and _number(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line (not a test calling in): SIGTERM ends like Ctrl-C, the variant recorded KILLED
+        signal.signal(signal.SIGTERM, _terminated)
+    argv = negative_values(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except ConfigError as e:
+        print(f"dsnb: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dsnb: interrupted; the running variant was stopped and recorded KILLED", file=sys.stderr)
+        return 130
+
+
+def cmd_run(args) -> int:
+    from . import preflight, tracking
+    from .launch import run_variant
+
+    cfg = build_config(args)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    preflight.pin_one_gpu(cfg)
+    if cfg.num_gpus > 1 and "WORLD_SIZE" not in os.environ:  # not under a launcher yet: start one
+        if args.resume:
+            raise ConfigError("--resume runs in one process; start it under deepspeed or torchrun yourself")
+        return 0 if run_variant(cfg).status == "FINISHED" else 1
+    preflight.check(cfg)
+    if args.resume:
+        run_id, checkpoint = tracking.resumable_run(cfg)
+    else:  # opened here, so a failure can be told as the store holds it
+        run_id, checkpoint = (tracking.create_run(cfg) if preflight.is_rank0() else None), None
+    from .train import train
+
+    try:
+        metrics = train(cfg, run_id, checkpoint)
+    except (ConfigError, KeyboardInterrupt):
+        raise
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(f"dsnb: the run failed; {tracking.what_was_recorded(cfg.tracking_uri, run_id)}", file=sys.stderr)
+        return 1
+    print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
+    return 0
+
+
+def cmd_check(args) -> int:
+    from . import preflight
+    from .train import describe_plan, plan
+
+    cfg = build_config(args)
+    preflight.check(cfg)
+    world = int(os.environ.get("WORLD_SIZE", cfg.num_gpus))
+    print(f"{cfg.name}: ok\n{describe_plan(cfg, plan(cfg, world))}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .report import compare_table, format_table, same_work, verdict
+    from .sweep import compare
+    from .tracking import ui_command
+
+    cfg = build_config(args)
+    results = compare(cfg)
+    print(format_table(compare_table(results)))
+    print(f"\n{verdict(results)}\n\nSame work?\n{same_work(results)}")
+    print(f"\nOpen the runs side by side: {ui_command(cfg.tracking_uri)}")
+    return 0 if all(r.status == "FINISHED" for r in results) else 1
+
+
+def cmd_sweep(args) -> int:
+    from .report import compare_table, format_table
+    from .sweep import run_sweep
+    from .tracking import ui_command
+
+    if not args.file:
+        raise ConfigError("sweep needs -f <sweep.yaml>, for example variants/sweep_zero_stages.yaml")
+    results = run_sweep(args.file, offline=args.offline or offline_requested(), overrides=flag_overrides(args))
+    print(format_table(compare_table(results)))
+    notebooks = {os.path.dirname(r.notebook) for r in results if r.notebook}
+    print(f"\nExecuted notebooks: {', '.join(notebooks) or 'none (all skipped)'}; "
+          f"runs: {ui_command(results[0].tracking_uri)}")
+    return 0 if all(r.status == "FINISHED" for r in results) else 1
+
+
+def cmd_bench(args) -> int:
+    from .bench import VARIANTS, markdown, run_bench
+
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in VARIANTS]
+    if unknown:
+        raise ConfigError(f"--only {unknown[0]} is not a bench variant; use {', '.join(VARIANTS)}")
+    baseline = None
+    if args.baseline:  # read before the run, which may write the same file
+        import json
+
+        if not os.path.isfile(args.baseline):
+            raise ConfigError(f"--baseline {args.baseline} does not exist; give a bench JSON such as "
+                              "benchmarks/results/cpu.json")
+        with open(args.baseline) as f:
+            baseline = json.load(f)
+    result = run_bench(args.offline or offline_requested(), args.repeats, args.untimed, args.steps, only or None,
+                       args.out, args.tracking_uri, args.gpus)
+    print(markdown(result))
+    if baseline is not None:
+        from .bench import regressions
+
+        problems = regressions(result, baseline)
+        print("\n".join(f"REGRESSION {p}" for p in problems) or f"no regression against {args.baseline}")
+        return 1 if problems else 0
+    return 0 if all(r["finished"] == r["repeats"] for r in result["variants"]) else 1
+
+
+def cmd_capacity(args) -> int:
+    from .capacity import md_table, run_capacity
+
+    if not args.file:
+        raise ConfigError("capacity needs -f <capacity.yaml>, for example variants/capacity_map.yaml")
+    table, fastest, _ = run_capacity(args.file, args.offline or offline_requested(), args.gpus, flag_overrides(args),
+                                     args.out, only=args.only)
+    print(md_table(table.drop(columns=["run_id"])), md_table(fastest), sep="\n\n")
+    print(f"\nwrote {args.out}/capacity.md, .csv and .png")
+    return 0
+
+
+def cmd_save(args) -> int:
+    from .publish import check_push, push_to_hub, save_model
+    from .tracking import RunResult
+
+    token = args.token or os.environ.get("HF_TOKEN", "")
+    if args.push_to:
+        check_push(args.push_to, token)  # before anything is written
+    try:
+        result = RunResult.read(args.tracking_uri, args.run_id)
+    except Exception as e:
+        raise ConfigError(f"run {args.run_id} is not in {args.tracking_uri} ({e.__class__.__name__})") from None
+    folder = save_model(result, args.output, args.merge)
+    print(f"wrote {folder}" + (" (merged)" if args.merge else ""))
+    if args.push_to:
+        print(f"pushed to {push_to_hub(folder, args.push_to, token)}")
+    return 0
+
+
+def cmd_prepare(args) -> int:
+    from .preflight import prepare
+
+    prepare()
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .tracking import export_store, ui_command
+
+    try:
+        path = export_store(args.tracking_uri, args.output)
+    except (FileNotFoundError, FileExistsError) as e:
+        raise ConfigError(str(e)) from None
+    print(f"wrote {path}; unzip it and run `{ui_command('sqlite:///mlflow.db')}` in that folder")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from .tracking import ui_command
+
+    print(ui_command(args.tracking_uri))
+    print("This binds to 127.0.0.1 only: the MLflow UI has no login. Reach it from elsewhere through an SSH tunnel.")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "check": cmd_check, "compare": cmd_compare, "sweep": cmd_sweep, "bench": cmd_bench,
+            "capacity": cmd_capacity, "save": cmd_save, "prepare": cmd_prepare, "export": cmd_export, "ui": cmd_ui}

@@ -1,0 +1,411 @@
+"""RunConfig: the one description of a training variant.
+
+The notebook's parameters cell, the CLI's ``--<field>`` flags and the YAML variant files all build a
+RunConfig through one layering, ``RunConfig.layered``; it validates itself on creation and is logged to
+MLflow whole.
+
+    cfg = RunConfig(strategy="zero2", offload_optimizer="cpu")
+    cfg = RunConfig.layered(read_yaml("variants/tutorial_deepspeed.yaml"), {"lora_r": 0}, offline=True)
+    cfg.name, cfg.samples_per_step(world_size=2)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import typing
+from dataclasses import dataclass
+
+import yaml
+
+STRATEGIES = ("baseline", "zero0", "zero1", "zero2", "zero3")
+OFFLOADS = ("none", "cpu", "nvme")
+QUANTIZATIONS = ("none", "8bit", "4bit")
+DTYPES = ("fp32", "bf16", "fp16")
+PADDINGS = ("max_length", "longest", "bucket", "packed")
+PROMPTS = ("eos", "tutorial", "chat")
+RAM_CHECKS = ("refuse", "warn")
+PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+
+# The offline default (no GPU, no hub): a few-MB Llama, the synthetic SQuAD-format set and a short
+# run, so the tutorial's comparison finishes in minutes on 2 CPU cores. fp16 needs a GPU, so fp32.
+OFFLINE = dict(model="synthetic:tiny", dataset="synthetic", num_samples=64, dtype="fp32",
+               max_length=128, max_steps=8, logging_steps=2)
+OFFLINE_ENV = "DSNB_OFFLINE"  # DSNB_OFFLINE=1 applies OFFLINE under any explicit setting
+# Fields that were renamed: the old name is refused with a message naming the new one.
+RENAMED = {
+    "warmup_steps": "warmup_steps is now untimed_steps (steps left out of the throughput); "
+                    "for a learning-rate warm-up use lr_warmup_steps",
+    "ds_config": "ds_config is now ds_config_path (the path of your own DeepSpeed JSON)",
+}
+INT_MAX = 2**31 - 1  # torch and the tokenizers take sizes and counts as 32-bit integers
+SEED_MAX = 2**32 - 1  # numpy's seed range, which transformers' set_seed goes through
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field and what to change."""
+
+
+@dataclass
+class RunConfig:
+    """One training variant. Defaults are the tutorial's values."""
+
+    preset: str = ""
+    """A named set of fields applied under your own: colab_t4 (Colab's free T4: fp16, 15 GB GPU, 12.7 GB RAM) or
+    quality (the offline check that training teaches); empty for none (dsnb/presets/ lists them)."""
+    model: str = "Bllossom/llama-3.2-Korean-Bllossom-3B"
+    """Hub id, local directory, or synthetic:<shape> (tiny, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b)."""
+    quantization: str = "8bit"
+    """Base-weight storage: none | 8bit | 4bit (bitsandbytes; 4bit is QLoRA's NF4)."""
+    dtype: str = "fp16"
+    """Compute precision: fp32 | bf16 | fp16 (fp16 needs a GPU)."""
+    lora_r: int = 16
+    """LoRA rank; 0 trains every weight (full fine-tuning)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator."""
+    lora_dropout: float = 0.05
+    """Dropout on the LoRA branch."""
+    lora_targets: str = "q_proj,v_proj"
+    """Comma-separated module names that get adapters, or all-linear."""
+    strategy: str = "baseline"
+    """baseline (plain PyTorch, no DeepSpeed) | zero0 | zero1 | zero2 | zero3."""
+    offload_optimizer: str = "none"
+    """Where ZeRO keeps optimizer state: none | cpu | nvme (nvme needs zero3)."""
+    offload_param: str = "none"
+    """Where ZeRO-3 keeps parameters: none | cpu | nvme."""
+    nvme_path: str = "/local_nvme"
+    """Writable directory on a fast disk for NVMe offload."""
+    ds_config_path: str = ""
+    """Path to your own DeepSpeed JSON; replaces the built one (its batch sizes must agree)."""
+    dataset: str = "squad"
+    """squad (hub), synthetic (offline), or a .json/.jsonl/.csv/.parquet file with SQuAD's fields."""
+    num_samples: int = 1000
+    """Rows taken from the start of the train split."""
+    padding: str = "max_length"
+    """max_length pads every sample to max_length; longest pads each batch to its longest sample; bucket pads it to
+    the next multiple of 64 tokens (few shapes, for torch_compile); packed puts samples end to end in rows of
+    max_length tokens (no padding between them)."""
+    prompt: str = "eos"
+    """Training text: eos is the tutorial's "질문: ...\\n답변: ..." ending in the tokenizer's end-of-sequence token
+    (so a generated answer stops); tutorial is the tutorial's text exactly (no end token); chat applies the model's own
+    chat template."""
+    max_length: int = 512
+    """Truncation length in tokens (also the padded length when padding is max_length)."""
+    batch_size: int = 2
+    """Micro-batch per device."""
+    grad_accum: int = 4
+    """Micro-batches accumulated per optimizer step."""
+    torch_compile: bool = False
+    """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step, with or
+    without DeepSpeed (its engine compiled); needs quantization none and padding bucket, packed or max_length."""
+    eval_samples: int = 64
+    """Held-out questions answered greedily before and after training, scored with SQuAD's exact match and F1
+    (SQuAD's validation split; offline, synthetic questions no training row holds); 0 skips it."""
+    learning_rate: float = 2e-4
+    """Peak learning rate (linear decay after lr_warmup_steps)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the learning rate rises linearly from 0 to learning_rate (the tutorial: 0)."""
+    epochs: float = 5.0
+    """Passes over the data; ignored when max_steps > 0."""
+    max_steps: int = 0
+    """Optimizer steps to run; 0 runs `epochs` full passes."""
+    logging_steps: int = 50
+    """Optimizer steps between loss records."""
+    checkpoint_steps: int = 0
+    """Save a checkpoint (weights, optimizer, DeepSpeed engine, data position) every N steps for --resume; 0 means
+    none."""
+    untimed_steps: int = 1
+    """First optimizer steps left out of the steady-state throughput (they pay for start-up and compiling)."""
+    memory_budget_gb: float = 0.0
+    """Cap on this run's GPU memory in GB (15 for a T4, 22 for an L4); 0 means the whole GPU."""
+    ram_budget_gb: float = 0.0
+    """Host RAM this run may take in GB (12.7 on Colab's free tier); 0 means what the machine has available."""
+    host_ram_check: str = "refuse"
+    """What happens before loading when the host-RAM estimate exceeds ram_budget_gb (or the available RAM):
+    refuse (stop with what to change) or warn (try anyway)."""
+    num_gpus: int = 1
+    """Processes, one per GPU, started with torchrun; under deepspeed or torchrun yourself, the launcher decides
+    (without GPUs, CPU processes)."""
+    repeats: int = 0
+    """Runs of each variant that compare (and notebook 01) make, interleaved, for medians and their run-to-run
+    spread; 0 means 3 where runs are short (max_steps of 100 or fewer), else 1."""
+    seed: int = 42
+    """Seed for model init, data order and dropout."""
+    tracking_uri: str = "sqlite:///mlflow.db"
+    """MLflow store; the default is a SQLite file in the working directory."""
+    experiment: str = "DeepSpeed_Comparison"
+    """MLflow experiment name."""
+    run_name: str = ""
+    """MLflow run name; empty derives one from the variant."""
+    save_model: bool = True
+    """Save the trained adapter (or model) and log it to MLflow; off for benchmarks."""
+    output_dir: str = "runs"
+    """Where each run's trained adapter/model is saved, in a folder named by its MLflow run id."""
+
+    def __post_init__(self):
+        self._coerce_types()
+        for name, allowed in (("strategy", STRATEGIES), ("offload_optimizer", OFFLOADS),
+                              ("offload_param", OFFLOADS), ("quantization", QUANTIZATIONS),
+                              ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS),
+                              ("host_ram_check", RAM_CHECKS)):
+            if getattr(self, name) not in allowed:
+                fail(name, f"is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
+        self._check_ranges()
+        self._check_combination()
+
+    def _coerce_types(self):
+        """Accept strings for numbers and booleans (CLI, YAML), but never round or guess: 2.5 is no integer."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, coerce(f.name, getattr(self, f.name), hints[f.name]))
+
+    def _check_ranges(self):
+        self._check_counts()
+        self._check_rates()
+        self._check_texts()
+
+    def _check_counts(self):
+        for name in ("num_samples", "max_length", "batch_size", "grad_accum", "lora_alpha",
+                     "logging_steps", "num_gpus"):
+            if getattr(self, name) <= 0:
+                fail(name, f"is {getattr(self, name)}; it must be a positive number")
+        for name in ("lora_r", "max_steps", "untimed_steps", "checkpoint_steps", "lr_warmup_steps", "eval_samples",
+                     "repeats"):
+            if getattr(self, name) < 0:
+                fail(name, f"is {getattr(self, name)}; it must be 0 or more")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if type(value) is int and f.name != "seed" and value > INT_MAX:
+                fail(f.name, f"is {value}; it must be at most {INT_MAX}")
+        if not 0 <= self.seed <= SEED_MAX:
+            fail("seed", f"is {self.seed}; use a seed from 0 to {SEED_MAX}")
+
+    def _check_rates(self):
+        for name in ("memory_budget_gb", "ram_budget_gb"):
+            if getattr(self, name) < 0:
+                fail(name, f"is {getattr(self, name)}; use 0 (no cap) or a size in GB")
+        if self.learning_rate <= 0 or self.epochs <= 0:
+            fail("learning_rate" if self.learning_rate <= 0 else "epochs", "must be positive")
+        if not 0 <= self.lora_dropout < 1:
+            fail("lora_dropout", f"is {self.lora_dropout}; use a value in [0, 1)")
+
+    def _check_texts(self):
+        for name, hint in (("model", "a hub id, a local directory or synthetic:tiny"),
+                           ("dataset", "squad, synthetic or a data file"), ("tracking_uri", "sqlite:///mlflow.db"),
+                           ("experiment", "a name such as DeepSpeed_Comparison"),
+                           ("output_dir", "a folder such as runs")):
+            if not getattr(self, name).strip():
+                fail(name, f"is empty; give {hint}")
+        targets = self.lora_targets.split(",")
+        if self.lora_targets != "all-linear" and not all(t.strip().replace("_", "").replace(".", "").isalnum()
+                                                          for t in targets):
+            fail("lora_targets", f"is {self.lora_targets!r}; give comma-separated module names such as "
+                                 "q_proj,v_proj, or all-linear")
+        if len(self.run_name) > 250 or any(not c.isprintable() for c in self.run_name):
+            fail("run_name", "must be at most 250 printable characters (MLflow's limit)")
+
+    def _check_combination(self):
+        """Reject what DeepSpeed cannot do, or silently does differently, before any model loads."""
+        stage = self.zero_stage
+        offloading = self.offload_optimizer != "none" or self.offload_param != "none"
+        if self.ds_config_path and stage is None:
+            fail("ds_config_path", "is set but strategy is baseline; pick a zero strategy")
+        if stage is None and offloading:
+            fail("strategy", "baseline cannot offload; use zero1-3 for offload_optimizer, zero3 for offload_param")
+        if self.offload_param != "none" and stage != 3:
+            fail("offload_param", f"needs strategy zero3 (got {self.strategy}); "
+                                  "set offload_param none or strategy zero3")
+        if stage == 0 and offloading:
+            fail("offload_optimizer", "needs ZeRO stage 1 or more; use strategy zero1, zero2 or zero3")
+        if self.offload_optimizer == "nvme" and stage != 3:
+            fail("offload_optimizer", "nvme needs strategy zero3 (below it DeepSpeed quietly uses the CPU); "
+                                      "use cpu or zero3")
+        if self.quantization == "8bit" and stage == 3:
+            fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
+        if self.torch_compile:
+            self._check_compile()
+        if self.quantization != "none" and self.lora_r == 0:
+            fail("quantization", f"{self.quantization} weights cannot be trained directly; "
+                                 "set lora_r > 0 (LoRA) or quantization none")
+
+    def _check_compile(self):
+        fixed = ("bucket", "packed", "max_length")
+        for name, ok, hint in (
+                ("quantization", self.quantization == "none", "none (bitsandbytes kernels break the graph)"),
+                ("padding", self.padding in fixed, "bucket, packed or max_length (fixed shapes)"),
+                ("checkpoint_steps", not self.checkpoint_steps, "0 (the compiled loop keeps no checkpoints)"),
+                ("num_gpus", self.num_gpus == 1 or self.zero_stage is not None,
+                 "1 without DeepSpeed (a zero strategy runs the compiled loop on several GPUs)")):
+            if not ok:
+                fail(name, f"is {getattr(self, name)!r} but torch_compile needs {hint}; "
+                           "change it or set torch_compile false")
+
+    @property
+    def zero_stage(self) -> int | None:
+        """The ZeRO stage as a number, None for the baseline."""
+        return None if self.strategy == "baseline" else int(self.strategy[-1])
+
+    @property
+    def uses_nvme(self) -> bool:
+        return "nvme" in (self.offload_optimizer, self.offload_param)
+
+    @property
+    def name(self) -> str:
+        """The MLflow run name: run_name, or one derived from the variant."""
+        return self.run_name or self.derived_name()
+
+    @property
+    def runs_each(self) -> int:
+        """How many times compare runs each variant: repeats, or 3 for short runs and 1 for long ones."""
+        return self.repeats or (3 if 0 < self.max_steps <= 100 else 1)
+
+    def samples_per_step(self, world_size: int = 1) -> int:
+        """Samples in one optimizer step over every process."""
+        return self.batch_size * self.grad_accum * world_size
+
+    def derived_name(self) -> str:
+        """A readable run name: the strategy, offload and training kind."""
+        parts = [self.strategy]
+        if self.offload_optimizer != "none":
+            parts.append(f"opt-{self.offload_optimizer}")
+        if self.offload_param != "none":
+            parts.append(f"param-{self.offload_param}")
+        parts.append("full" if self.lora_r == 0 else f"lora{self.lora_r}")
+        if self.quantization != "none":
+            parts.append(self.quantization)
+        parts.append(self.dtype)
+        if self.torch_compile:
+            parts.append("compiled")
+        return "_".join(parts)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def layered(cls, *layers: dict, offline: bool = False) -> "RunConfig":
+        """The one way a config is put together: defaults < the offline default < the preset < each layer in order.
+
+        Layers are mappings of fields (a YAML file, a sweep's base and variant, flags, a notebook's
+        parameters); a value in a later layer wins, even where it equals the default. The preset the layers
+        name (a file of fields in dsnb/presets/) comes under all of them. Unknown and renamed fields are
+        errors, not ignored.
+        """
+        merged: dict = {}
+        for layer in layers:
+            check_names(layer)
+            merged.update(layer)
+        values = dict(OFFLINE) if offline else {}
+        values.update(preset_fields(merged.get("preset", "")))
+        return cls(**{**values, **merged})
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        """Build from one mapping of fields (see layered)."""
+        return cls.layered(values)
+
+    @classmethod
+    def from_yaml(cls, path: str, **overrides) -> "RunConfig":
+        """Build from a YAML file of field: value pairs, then apply overrides."""
+        return cls.layered(read_yaml(path), overrides)
+
+
+def coerce(name: str, value, kind):
+    """value as `kind` (bool, int, float or str), or a ConfigError naming the field; 2.5 is never rounded."""
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "text"}[kind]
+    if isinstance(value, str) and kind is not str:
+        text = value.strip().lower()
+        if kind is bool:
+            value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text, value)
+        else:
+            try:
+                value = int(text) if kind is int and text.lstrip("+-").isdigit() else float(text)
+            except ValueError:
+                fail(name, f"is {value!r}; expected {expected}")
+    if kind in (bool, str):
+        if not isinstance(value, kind):
+            fail(name, f"is {value!r}; expected {expected}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(name, f"is {value!r}; expected {expected}")
+    if not math.isfinite(value):
+        fail(name, f"is {value!r}; expected a finite number")
+    if kind is float:
+        return float(value)
+    if isinstance(value, float) and not value.is_integer():
+        fail(name, f"is {value!r}; expected {expected}")
+    return int(value)
+
+
+def presets() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(PRESETS_DIR) if f.endswith(".yaml"))
+
+
+def preset_fields(name) -> dict:
+    """The fields of a named preset (none for ""); a name that is not text is left to the field's own check."""
+    if not name or not isinstance(name, str):
+        return {}
+    if name not in presets():
+        fail("preset", f"is {name!r}; use one of {', '.join(presets())} (or leave it empty)")
+    fields = read_yaml(os.path.join(PRESETS_DIR, f"{name}.yaml"))
+    check_names(fields)
+    return fields
+
+
+def check_names(values: dict) -> None:
+    """Every key is a run-config field; a renamed field says its new name."""
+    for key in values:
+        if key in RENAMED:
+            raise ConfigError(RENAMED[key])
+    unknown = sorted(set(values) - set(field_names()), key=str)
+    if unknown:
+        fail(str(unknown[0]), f"is not a run-config field; known fields: {', '.join(field_names())}")
+
+
+def read_yaml(path: str) -> dict:
+    """Read a YAML mapping, with a clear error for a missing, unreadable or malformed file."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"file {path!r} does not exist; give the path to a YAML file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {describe(e)}") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"{path} could not be read as UTF-8 text ({describe(e)})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold field: value pairs, not a {type(values).__name__}")
+    return values
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(RunConfig)]
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's docstring (the string literal under it), for --help and the notebooks."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(RunConfig))
+    body, docs = tree.body[0].body, {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(nxt.value.value.split())  # one line, however the source wraps it
+    return docs
+
+
+def offline_requested() -> bool:
+    return os.environ.get(OFFLINE_ENV, "").lower() in ("1", "true", "yes")
+
+
+def describe(error: BaseException, limit: int = 200) -> str:
+    """An exception's type and first line, for one-line messages."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__
+
+
+def fail(name: str, message: str):
+    raise ConfigError(f"{name} {message}")

@@ -1,0 +1,379 @@
+"""SQuAD-format rows from the hub, a local file or a deterministic offline generator, tokenized the tutorial's way.
+
+    rows = load_records(cfg)                     # [{"question": ..., "answers": {"text": [...]}}, ...], validated
+    held_out = load_records(cfg, "eval")         # questions no training row holds, for evaluation
+    train_set = build_dataset(cfg, tokenizer)    # input_ids / attention_mask / labels (padding ignored)
+    collate = collator(tokenizer, cfg)           # pads (or packs) each batch as cfg.padding says
+
+Every row is checked as it is read: a file's bad bytes, a question that is not text or an `answers.text`
+that is a string rather than a list stop the run before any model loads, naming the file and the row.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+from .config import ConfigError, RunConfig, describe
+
+PROMPT = "질문: {question}\n답변: {answer}"
+NO_ANSWER = "정답 없음"
+FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+HUB_SQUAD = "rajpurkar/squad"  # the canonical, namespaced id: datasets 5 refuses the bare "squad"
+
+
+def load_records(cfg: RunConfig, split: str = "train", n: int | None = None) -> list[dict]:
+    """Validated rows: the first cfg.num_samples of the training data, or (split "eval") n held-out rows that no
+    training row holds: SQuAD's validation split, the rows of a file after the training ones, or synthetic
+    questions of the held-out kind. An "eval" split may hold fewer than n rows (none where a file has no more)."""
+    n = cfg.num_samples if n is None else n
+    if cfg.dataset == "synthetic":
+        rows, where = synthetic_squad(n, held_out=split == "eval"), "synthetic"
+    elif cfg.dataset == "squad":
+        rows, where = hub_squad(n, "train" if split == "train" else "validation"), HUB_SQUAD
+    else:
+        rows, where = file_records(cfg.dataset, n, skip=cfg.num_samples if split == "eval" else 0)
+    return [normalize_row(row, where, i) for i, row in enumerate(rows)]
+
+
+def hub_squad(n: int, split: str = "train") -> list[dict]:
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(HUB_SQUAD, split=f"{split}[:{n}]")
+    except Exception as e:  # offline, blocked or renamed: all end the same way for the user
+        raise ConfigError(f"dataset 'squad' ({HUB_SQUAD}) could not be loaded from the hub ({describe(e)}); "
+                          "use dataset=synthetic or a local file") from None
+    return [dict(r) for r in rows]
+
+
+def file_records(path: str, n: int, skip: int = 0) -> tuple[list[dict], str]:
+    """Rows skip..skip+n of a local JSON/JSONL/CSV/Parquet file with SQuAD's fields (`answers`, or a plain
+    `answer`), and how to name the file in messages. With skip (held-out rows), fewer rows are no error."""
+    kind = FILE_TYPES.get(os.path.splitext(path)[1].lower())
+    if kind is None:
+        raise ConfigError(f"dataset {path!r} is not squad, synthetic, or a {'/'.join(FILE_TYPES)} file")
+    if not os.path.isfile(path):
+        raise ConfigError(f"dataset file {path!r} does not exist; check the path or use dataset=synthetic")
+    if kind != "parquet":
+        check_utf8(path)
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(kind, data_files=path, split="train")
+    except Exception as e:
+        raise ConfigError(f"dataset file {path} could not be read as {kind} ({describe(e)})") from None
+    if len(rows) == 0:
+        raise ConfigError(f"dataset file {path} holds no rows")
+    missing = [c for c in ("question",) if c not in rows.column_names]
+    if missing or not {"answers", "answer"} & set(rows.column_names):
+        raise ConfigError(f"dataset file {path} needs columns question and answers (or answer); "
+                          f"it has {', '.join(rows.column_names)}")
+    if not skip and n > len(rows):
+        raise ConfigError(f"num_samples is {n} but {path} holds {len(rows)} rows; set num_samples <= {len(rows)}")
+    if skip >= len(rows):  # no row after the training ones: nothing held out
+        return [], f"dataset file {path}"
+    try:
+        return [dict(r) for r in rows.select(range(skip, min(skip + n, len(rows))))], f"dataset file {path}"
+    except UnicodeDecodeError as e:  # a Parquet string column holding bytes that are not UTF-8
+        raise ConfigError(f"dataset file {path} holds text that is not valid UTF-8 ({describe(e)}); "
+                          "save it as UTF-8") from None
+
+
+def check_utf8(path: str) -> None:
+    """A text file must be UTF-8: name the first line that is not."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"dataset file {path}, line {number}: byte {line[e.start]:#04x} is not UTF-8 "
+                                  "text; save the file as UTF-8") from None
+
+
+def normalize_row(row: dict, where: str, index: int) -> dict:
+    """The row with a text question and SQuAD's answers ({"text": [str, ...]}), or a ConfigError naming the row."""
+    place = f"{where}, row {index + 1}"
+    question = row.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise ConfigError(f"{place}: question is {question!r}; every row needs its question as text")
+    answers = row["answers"] if "answers" in row else row.get("answer")
+    return {**row, "question": question, "answers": {"text": answer_texts(answers, place)}}
+
+
+def answer_texts(answers, place: str) -> list[str]:
+    """SQuAD's answers (a mapping with a `text` list), a plain answer, or a JSON cell holding either."""
+    if isinstance(answers, str) and answers.lstrip().startswith("{"):
+        try:  # SQuAD's nested field flattened into a CSV cell; a cell that only looks like JSON is its own text
+            answers = json.loads(answers)
+        except json.JSONDecodeError:
+            return [answers]
+    if isinstance(answers, dict):
+        texts = answers.get("text")
+        if isinstance(texts, str):
+            raise ConfigError(f"{place}: answers.text is the string {texts[:40]!r}; SQuAD's answers.text is a "
+                              f"list of strings, e.g. {{\"text\": [{json.dumps(texts[:40], ensure_ascii=False)}]}}")
+        if texts is None:
+            return []
+        if not isinstance(texts, list) or not all(isinstance(t, (str, int, float)) for t in texts):
+            raise ConfigError(f"{place}: answers.text is {texts!r}; give a list of answer strings")
+        return [str(t) for t in texts]
+    if isinstance(answers, list):
+        return [str(t) for t in answers]
+    if answers is None or answers == "":
+        return []
+    if isinstance(answers, (str, int, float)):
+        return [str(answers)]
+    raise ConfigError(f"{place}: answers is {answers!r}; give SQuAD's {{\"text\": [...]}} or a plain answer")
+
+
+def answer_text(row: dict) -> str:
+    """The first answer's text, or the tutorial's "no answer" marker."""
+    texts = row["answers"]["text"]
+    return texts[0] if texts else NO_ANSWER
+
+
+def format_prompt(row: dict) -> str:
+    return PROMPT.format(question=row["question"], answer=answer_text(row))
+
+
+def prompt_parts(cfg: RunConfig, tokenizer, row: dict) -> tuple[list[int], list[int]]:
+    """(the prompt's tokens, the whole sample's tokens) of a row in cfg.prompt's format, untruncated.
+
+    tutorial: the tutorial's text exactly; eos: that text and the tokenizer's end-of-sequence token, so a
+    generated answer stops; chat: the model's own chat template (question as the user's turn, answer as the
+    assistant's). The loss covers the whole sample, as in the tutorial.
+    """
+    if cfg.prompt == "chat":
+        if not tokenizer.chat_template:
+            raise ConfigError(f"prompt is 'chat' but {cfg.model} has no chat template; use prompt eos")
+        user = [{"role": "user", "content": row["question"]}]
+        prompt = tokenizer.apply_chat_template(user, add_generation_prompt=True, return_dict=False)
+        whole = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": answer_text(row)}],
+                                              return_dict=False)
+        return list(prompt), list(whole)
+    prompt = tokenizer(PROMPT.format(question=row["question"], answer="").rstrip())["input_ids"]
+    whole = tokenizer(format_prompt(row))["input_ids"]
+    return prompt, whole + ([tokenizer.eos_token_id] if cfg.prompt == "eos" else [])
+
+
+def build_dataset(cfg: RunConfig, tokenizer, rows: list[dict] | None = None):
+    """Tokenize rows into a datasets.Dataset of input_ids, attention_mask, labels and full_length.
+
+    Labels are the input ids with padding masked to -100, so the loss never counts padding; full_length is a
+    sample's length before truncation to max_length. A max_length that leaves no answer token in any sample
+    is an error (the run would train on prompts alone).
+    """
+    import datasets
+
+    rows = load_records(cfg) if rows is None else rows
+    if len(rows) < cfg.num_samples:
+        raise ConfigError(f"num_samples is {cfg.num_samples} but the data holds {len(rows)} rows; lower num_samples")
+    parts = [prompt_parts(cfg, tokenizer, row) for row in rows]
+    if all(len(prompt) >= cfg.max_length for prompt, _ in parts):
+        longest = max(len(whole) for _, whole in parts)
+        raise ConfigError(f"max_length is {cfg.max_length}, which cuts every sample before its answer (the prompts "
+                          f"alone take {min(len(p) for p, _ in parts)} tokens or more); set max_length to at least "
+                          f"{longest}, the longest sample")
+    columns: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "full_length": []}
+    for _, whole in parts:
+        ids = whole[:cfg.max_length]
+        pad = cfg.max_length - len(ids) if cfg.padding == "max_length" else 0
+        columns["input_ids"].append(ids + [tokenizer.pad_token_id] * pad)
+        columns["attention_mask"].append([1] * len(ids) + [0] * pad)
+        columns["labels"].append(ids + [-100] * pad)
+        columns["full_length"].append(len(whole))
+    return datasets.Dataset.from_dict(columns)
+
+
+def truncated(cfg: RunConfig, dataset) -> int:
+    """Samples that max_length cut short (their answer, or its end-of-sequence token, partly lost)."""
+    return sum(n > cfg.max_length for n in dataset["full_length"])
+
+
+class BatchLog:
+    """A collator that records each micro-batch's samples and real (non-padding) tokens, in order.
+
+    Throughput counts what was really trained: the micro-batches a loop consumed, summed from here,
+    the same way for the HF Trainer's loop and dsnb's compiled one (a short last batch counts short).
+    """
+
+    def __init__(self, collate):
+        self.collate, self.sizes = collate, []
+
+    def __call__(self, features: list[dict]) -> dict:
+        self.sizes.append((len(features), sum(sum(f["attention_mask"]) for f in features)))
+        return self.collate(features)
+
+    def totals(self, micro_batches: int) -> tuple[int, int]:
+        """(samples, real tokens) in the first `micro_batches` micro-batches."""
+        done = self.sizes[:micro_batches]
+        return sum(n for n, _ in done), sum(t for _, t in done)
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "labels")  # what a padded batch holds (full_length stays behind)
+BUCKET = 64  # padding "bucket" rounds each batch's length up to a multiple of this
+PACK_ROWS = 2  # padding "packed" rounds each batch's row count up to a multiple of this
+
+
+def collator(tokenizer, cfg: RunConfig):
+    """Batches of input ids, labels (-100 where nothing is predicted) and a mask or position ids.
+
+    max_length/longest/bucket pad to the batch's longest row (rounded up to BUCKET for bucket);
+    packed puts the samples end to end in rows of cfg.max_length tokens.
+    """
+    if cfg.padding == "packed":
+        return PackedCollator(tokenizer.pad_token_id, cfg.max_length)
+    from transformers import DataCollatorForSeq2Seq
+
+    pad = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100,
+                                 pad_to_multiple_of=BUCKET if cfg.padding == "bucket" else None)
+    return lambda features: pad([{k: f[k] for k in MODEL_INPUTS} for f in features])
+
+
+class PackedCollator:
+    """Packs a batch's samples into rows of `row_length` tokens, end to end with no padding between them.
+
+    Position ids restart at 0 for each sample; with no attention mask, transformers then builds a
+    block-diagonal causal mask from them, so no sample sees another. Each sample's first token gets
+    label -100, as nothing predicts it in a padded batch either: the loss covers the same tokens.
+    Each row's tail is padding (label -100, its own positions), and whole padding rows round the row
+    count up to a multiple of PACK_ROWS: few distinct shapes, each compiled once and replayed as CUDA
+    graphs (a new row count during the timed steps would recompile there).
+    """
+
+    def __init__(self, pad_id: int, row_length: int):
+        self.pad_id, self.row_length = pad_id, row_length
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        order, placed = first_fit([len(f["input_ids"]) for f in features], self.row_length)
+        rows: list[tuple[list, list, list]] = [([], [], []) for _ in range(packed_rows(placed))]
+        for i in order:
+            sample, (ids, labels, positions) = list(features[i]["input_ids"]), rows[placed[i]]
+            ids.extend(sample)
+            labels.extend([-100] + list(features[i]["labels"])[1:])
+            positions.extend(range(len(sample)))
+        out = {"input_ids": [], "labels": [], "position_ids": []}
+        for ids, labels, positions in rows:  # no sample is longer than a row: both are max_length
+            pad = self.row_length - len(ids)
+            out["input_ids"].append(ids + [self.pad_id] * pad)
+            out["labels"].append(labels + [-100] * pad)
+            out["position_ids"].append(positions + list(range(pad)))
+        return {k: torch.tensor(v) for k, v in out.items()}
+
+
+def first_fit(lengths: list[int], row_length: int) -> tuple[list[int], list[int]]:
+    """First fit, longest first: (samples in placing order, each sample's row). The fewest rows, so the
+    row count barely varies between batches."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    used: list[int] = []
+    placed = [0] * len(lengths)
+    for i in order:
+        row = next((r for r, n in enumerate(used) if n + lengths[i] <= row_length), len(used))
+        if row == len(used):
+            used.append(0)
+        used[row] += lengths[i]
+        placed[i] = row
+    return order, placed
+
+
+def packed_rows(placed: list[int]) -> int:
+    """Rows a packed batch takes, given first_fit's row of each sample: padding rows included."""
+    rows = max(placed, default=-1) + 1
+    return rows + (-rows % PACK_ROWS)
+
+
+# --- the offline SQuAD-format generator ------------------------------------------------------------
+# Fixed facts (12 capitals, each city's oldest landmark and its opening year), asked in Korean and English,
+# each kind of question in 4 paraphrases, about as long as SQuAD's rows (~43 tokens in the tutorial's
+# prompt). The prompt holds no context, so answers are facts the model must learn. For fact f the paraphrase
+# (f + kind) % 4 of each kind is held out (a Latin square): training sees every fact through 3 paraphrases
+# and every paraphrase with 9 of the 12 facts; the 72 held-out questions never appear in training, yet
+# training teaches their answers. Unanswerable questions (answer "정답 없음", as SQuAD 2.0 has them) are
+# training-only. Deterministic: the same rows for every variant and machine.
+_FACTS = [  # Korean city, city, Korean country, country, Korean landmark, landmark, the year it opened
+    ("서울", "Seoul", "대한민국", "South Korea", "대학교", "university", 1398),
+    ("도쿄", "Tokyo", "일본", "Japan", "도서관", "library", 1872),
+    ("파리", "Paris", "프랑스", "France", "박물관", "museum", 1793),
+    ("베를린", "Berlin", "독일", "Germany", "성당", "cathedral", 1905),
+    ("로마", "Rome", "이탈리아", "Italy", "기차역", "railway station", 1863),
+    ("마드리드", "Madrid", "스페인", "Spain", "병원", "hospital", 1752),
+    ("카이로", "Cairo", "이집트", "Egypt", "대학교", "university", 1908),
+    ("오타와", "Ottawa", "캐나다", "Canada", "도서관", "library", 1876),
+    ("리마", "Lima", "페루", "Peru", "박물관", "museum", 1822),
+    ("하노이", "Hanoi", "베트남", "Vietnam", "성당", "cathedral", 1886),
+    ("나이로비", "Nairobi", "케냐", "Kenya", "기차역", "railway station", 1899),
+    ("캔버라", "Canberra", "호주", "Australia", "병원", "hospital", 1943),
+]
+# (kind, language) -> paraphrases; {c} country, {t} city, {p} landmark (with Korean particles: _eun, _eul, _i).
+_TEMPLATES = {
+    ("capital", "en"): ["According to the passage, what is the capital city of {c}?",
+                        "Which city does the passage name as the capital of {c}?",
+                        "The government of {c} sits in which capital city, according to the text?",
+                        "What city serves as the national capital of {c} in the passage?"],
+    ("capital", "ko"): ["본문에 따르면 {c}의 수도는 어디인가요?", "본문에서 {c}의 수도로 소개된 도시는 어디인가요?",
+                        "{c} 정부가 있는 수도는 어느 도시라고 본문은 말하나요?",
+                        "본문에 의하면 {c}의 수도 역할을 하는 도시는 무엇인가요?"],
+    ("country", "en"): ["According to the passage, {t} is the capital of which country?",
+                        "Which country has {t} as its capital city, according to the text?",
+                        "The passage says that {t} is the capital of what nation?",
+                        "Of which country is {t} the capital, according to the passage?"],
+    ("country", "ko"): ["본문에 따르면 {t_eun} 어느 나라의 수도인가요?",
+                        "본문에서 {t_eul} 수도로 두는 나라는 어디인가요?",
+                        "{t_i} 수도인 나라는 어디라고 본문은 말하나요?",
+                        "본문에 의하면 {t_eun} 어떤 나라의 수도 역할을 하나요?"],
+    ("year", "en"): ["In which year did the oldest {p} in {t} first open its doors?",
+                     "According to the passage, when did the oldest {p} in {t} open?",
+                     "The oldest {p} in {t} opened in what year, according to the text?",
+                     "What year does the passage give for the opening of the oldest {p} in {t}?"],
+    ("year", "ko"): ["{t}에서 가장 오래된 {p_eun} 몇 년에 문을 열었나요?",
+                     "본문에 따르면 {t}의 가장 오래된 {p_eun} 언제 문을 열었나요?",
+                     "{t}에 있는 가장 오래된 {p_i} 개관한 해는 언제라고 본문은 말하나요?",
+                     "본문에 의하면 {t}의 가장 오래된 {p_eun} 몇 년에 처음 문을 열었나요?"],
+    ("none", "en"): ["Who designed the oldest {p} in {t}, and when was it finished?"],
+    ("none", "ko"): ["{t}에서 가장 오래된 {p_eul} 설계한 사람은 누구인가요?"],
+}
+_ASKED = [key for key in _TEMPLATES if key[0] != "none"]  # the kinds with answers: each holds out a paraphrase
+
+
+def synthetic_squad(n: int, seed: int = 0, held_out: bool = False) -> list[dict]:
+    """n deterministic SQuAD-format rows (id, title, context, question, answers), Korean and English.
+
+    Training rows cycle through their 240 questions in shuffled order; held_out gives the held-out questions
+    (72 at most, each once), which no training row holds.
+    """
+    pool = [(f, key, t) for f in range(len(_FACTS)) for key in _TEMPLATES for t in range(len(_TEMPLATES[key]))
+            if (key in _ASKED and t == (f + _ASKED.index(key)) % 4) == held_out]
+    rng, rows = random.Random(seed), []
+    while len(rows) < n and (not held_out or not rows):
+        order = pool[:]
+        rng.shuffle(order)
+        rows += [_row(*combo, f"synthetic{'-heldout' if held_out else ''}-{len(rows) + i:06d}")
+                 for i, combo in enumerate(order[:n - len(rows)])]
+    return rows
+
+
+def _row(fact: int, key: tuple[str, str], template: int, row_id: str) -> dict:
+    ko_city, city, ko_country, country, ko_place, place, year = _FACTS[fact]
+    kind, language = key
+    if language == "en":
+        context = f"{city} is the capital of {country}. Its oldest {place} opened in {year}."
+        fields = dict(c=country, t=city, p=place)
+        answer = {"capital": city, "country": country, "year": str(year), "none": None}[kind]
+    else:
+        context = (f"{ko_country}의 수도는 {ko_city}이다. "
+                   f"그 도시의 가장 오래된 {_josa(ko_place, '은는')} {year}년에 문을 열었다.")
+        fields = dict(c=ko_country, t=ko_city, p=ko_place, t_eun=_josa(ko_city, "은는"), t_eul=_josa(ko_city, "을를"),
+                      t_i=_josa(ko_city, "이가"), p_eun=_josa(ko_place, "은는"), p_eul=_josa(ko_place, "을를"),
+                      p_i=_josa(ko_place, "이가"))
+        answer = {"capital": ko_city, "country": ko_country, "year": f"{year}년", "none": None}[kind]
+    return {"id": row_id, "title": country, "context": context, "question": _TEMPLATES[key][template].format(**fields),
+            "answers": {"text": [answer] if answer else [], "answer_start": [context.find(answer)] if answer else []}}
+
+
+def _josa(word: str, pair: str) -> str:
+    """word with the Korean particle of pair ("은는", "이가", "을를") that fits its last syllable."""
+    last = ord(word[-1]) - 0xAC00
+    return word + (pair[0] if 0 <= last < 11172 and last % 28 else pair[1])

@@ -1,0 +1,184 @@
+"""Peak memory (GPU and host RAM) estimated before a run loads anything, logged beside what the run measures.
+
+    config = model_config(cfg.model)                                   # no weight loaded
+    est = estimate_memory(cfg, config, trainable_params(cfg, config), tokens_per_micro_batch(cfg, data), world)
+    est["est_peak_gpu_mb"], est["est_peak_host_mb"]
+
+Unlike DeepSpeed's estimators this knows that LoRA trains only the adapters, that 8-bit and 4-bit weights
+are stored in 1 and ~0.5 bytes, and that activations and the 128k-vocab logits often dominate. The
+terms (bytes):
+  weights      N x 2 or 4 (dtype); quantized: linear weights x 1 (8bit) or 0.53 (4bit NF4 + scales), the rest x 2
+  trainable T  LoRA adapters are fp32 (peft) and add their own T x 4; full fine-tuning trains the loaded dtype
+  gradients    T x bytes(trainable); DDP (baseline on several GPUs) keeps a second copy in its buckets;
+               ZeRO-2/3 split them across GPUs; with optimizer offload only ZeRO-2's reduce buckets
+               (2 x 5e8 elements x 2 bytes, DeepSpeed's default) stay on the GPU; ZeRO-3 adds one
+               5e8-element bucket for contiguous gradients whatever trains (measured: LoRA under ZeRO-3 +
+               offload peaked ~1 GB above the other terms on the 1B and 8B shapes)
+  optimizer    torch AdamW: 2 states in the parameter dtype plus one parameter-sized temporary (foreach);
+               DeepSpeed with bf16/fp16: fp32 master + 2 fp32 states = 12 T, and an fp32 gradient copy 4 T
+               (measured on the H200: 71.9 GB for 3B full fine-tuning under ZeRO-1 on one GPU), split from
+               stage 1, on the CPU if offloaded
+  activations  per token and layer (8 h + 4 i) elements in the compute dtype (attention and MLP inputs,
+               SwiGLU's gate, up and product), plus (5 h + i) half-precision elements that bitsandbytes'
+               8-bit matmuls keep for backward; logits: V x (2 + 4 + 4) bytes per token (logits, their
+               fp32 upcast for the loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast
+               into the log-softmax and writes the gradient in the compute dtype: measured 40.3 GB on the
+               H200 at 10,240 packed tokens, where the eager count gives 50.1)
+  ZeRO-3       parameters split across GPUs; with parameter offload the GPU holds up to DeepSpeed's
+               stage3_max_live_parameters (1e9 elements) at a time; full fine-tuning also holds the
+               largest weight's whole gradient (the 128k-vocab embedding) before it is reduce-scattered
+               (measured: 3B full under ZeRO-3 + offload peaked 0.8 GB above LoRA)
+Tokens per micro-batch are the worst case: batch x max_length with max_length padding, batch x the
+longest sample otherwise. The CUDA context (~0.5 GB) is outside the allocator and not counted.
+
+Host RAM (the process's resident memory), fitted to the H200 runs of the 1B, 3B and 8B shapes
+(benchmarks/estimate_vs_measured.py): about 1.1 GB of libraries and CUDA, plus the weights file as stored
+(it is read through memory maps: every page read counts), plus, offloaded, 22 bytes per trainable parameter
+(DeepSpeed's fp32 master weights, Adam moments and gradients, and its pinned buffers) and 1.5 times the
+weights' bytes for ZeRO-3's parameters kept in CPU RAM. Per process; ranks on one machine add up.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+from .config import RunConfig
+
+MB = 2**20
+PACK_SHUFFLES = 8
+PROCESS_BASE_MB = 1150  # a training process's RSS beyond its weights (measured: 1,118-1,150 MB, 1B to 8B shapes)
+OFFLOADED_BYTES_PER_TRAINABLE = 22  # host bytes per offloaded trainable parameter (fitted: 1B and 3B, ZeRO-2/3)
+OFFLOADED_PARAM_FACTOR = 1.5  # host bytes per byte of weights ZeRO-3 keeps in CPU RAM (fitted: 1B, 3B, 8B LoRA)
+REDUCE_BUCKET = 5e8  # elements: DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
+BUCKET_BYTES = 2 * REDUCE_BUCKET * 2  # ZeRO-1/2's reduce and allgather buckets, half precision
+
+
+def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_batch: int,
+                    world_size: int = 1) -> dict:
+    h, layers, inter, vocab = config.hidden_size, config.num_hidden_layers, config.intermediate_size, config.vocab_size
+    full = cfg.lora_r == 0
+    act_bytes = 4 if cfg.dtype == "fp32" else 2  # one element of an activation (the compute dtype)
+    weights, load_bytes = weight_bytes(cfg, config, trainable)
+    trainable_bytes = load_bytes if full else 4  # peft keeps LoRA adapters in fp32
+    grads = trainable * trainable_bytes
+    stage = cfg.zero_stage
+    mixed = stage is not None and cfg.dtype != "fp32"
+    states = 12 * trainable if mixed else 2 * trainable * trainable_bytes
+    # DeepSpeed adds its fp32 gradient copy; torch's foreach AdamW makes a parameter-sized temporary.
+    optimizer = states + 4 * trainable if mixed else states + grads
+
+    gpu_weights, cpu_weights = weights, 0.0
+    gpu_grads = grads
+    gpu_opt, cpu_opt = optimizer, 0.0
+    if stage is None and world_size > 1:
+        gpu_grads = 2 * grads  # DDP's gradient buckets hold a second copy of every gradient
+    if stage is not None and stage >= 1:
+        gpu_opt = optimizer / world_size
+    if stage is not None and stage >= 2:
+        gpu_grads = grads / world_size
+    if stage == 3:
+        gpu_weights = weights / world_size
+    if cfg.offload_optimizer != "none":
+        cpu_opt, gpu_opt = optimizer / world_size, 0.0  # the fp32 gradient copy moves with it
+        gpu_grads = min(gpu_grads, BUCKET_BYTES) if stage != 3 else 0.0
+    if stage == 3:  # contiguous gradients: one reduce bucket, allocated up front however few weights train
+        gpu_grads += REDUCE_BUCKET * act_bytes
+        if full:  # a gathered weight's gradient is whole until reduce-scattered; the largest sets the peak
+            gpu_grads += largest_weight(config) * load_bytes
+    if cfg.offload_param != "none":  # the GPU holds what ZeRO-3 keeps live: stage3_max_live_parameters (1e9)
+        cpu_weights, gpu_weights = weights / world_size, min(weights, 1e9 * load_bytes)
+
+    per_token_layer = (8 * h + 4 * inter) * act_bytes + ((5 * h + inter) * 2 if cfg.quantization == "8bit" else 0)
+    logits = vocab * 2 * act_bytes if cfg.torch_compile else vocab * (act_bytes + 8)
+    activations = tokens_per_micro_batch * (layers * per_token_layer + logits)
+    gpu = gpu_weights + gpu_grads + gpu_opt + activations
+    cpu = cpu_weights + cpu_opt
+    return {"est_peak_gpu_mb": gpu / MB, "est_peak_host_mb": host_ram_mb(cfg, config, trainable, world_size),
+            "est_peak_cpu_offload_mb": cpu / MB,
+            "est_weights_mb": gpu_weights / MB,
+            "est_grads_mb": gpu_grads / MB, "est_optimizer_mb": gpu_opt / MB, "est_optimizer_states_mb": states / MB,
+            "est_activations_mb": activations / MB}
+
+
+def linear_params(config) -> int:
+    """Weights in the attention and MLP projections of a Llama-like config."""
+    h, heads = config.hidden_size, config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim
+    return config.num_hidden_layers * (attention + 3 * h * config.intermediate_size)
+
+
+def total_params(config) -> int:
+    h = config.hidden_size
+    embeddings = config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    return linear_params(config) + embeddings + config.num_hidden_layers * 2 * h + h
+
+
+def weight_bytes(cfg: RunConfig, config, trainable: int) -> tuple[float, int]:
+    """(bytes of the weights as loaded, LoRA adapters included; bytes per loaded parameter)."""
+    full = cfg.lora_r == 0
+    load_bytes = 4 if cfg.dtype == "fp32" or (full and cfg.dtype == "fp16") else 2
+    linear, total = linear_params(config), total_params(config)
+    per_linear = {"none": load_bytes, "8bit": 1.0, "4bit": 0.53}[cfg.quantization]
+    weights = linear * per_linear + (total - linear) * (load_bytes if cfg.quantization == "none" else 2)
+    return (weights if full else weights + trainable * 4), load_bytes
+
+
+def host_ram_mb(cfg: RunConfig, config, trainable: int, world_size: int = 1) -> float:
+    """One process's peak resident host memory (see the module's docstring for the fitted terms)."""
+    weights, _ = weight_bytes(cfg, config, trainable)
+    host = PROCESS_BASE_MB * MB + total_params(config) * stored_bytes(config)
+    if cfg.offload_optimizer != "none":
+        host += OFFLOADED_BYTES_PER_TRAINABLE * trainable / world_size
+    if cfg.offload_param != "none":
+        host += OFFLOADED_PARAM_FACTOR * weights / world_size
+    return host / MB
+
+
+def stored_bytes(config) -> int:
+    """Bytes per parameter in the model's files (its config's dtype; 2 where it names none)."""
+    dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
+    return 4 if "float32" in dtype else 2
+
+
+def trainable_params(cfg: RunConfig, config) -> int:
+    """Trainable parameters from the config alone: every weight for full fine-tuning, r x (in + out) for each
+    matrix a LoRA adapter is put on (Llama-like projections)."""
+    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    shapes = {"q_proj": (h, heads * head_dim), "k_proj": (h, kv * head_dim), "v_proj": (h, kv * head_dim),
+              "o_proj": (heads * head_dim, h), "gate_proj": (h, inter), "up_proj": (h, inter),
+              "down_proj": (inter, h)}
+    if cfg.lora_r == 0:
+        embeddings = config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+        return layers * (sum(i * o for i, o in shapes.values()) + 2 * h) + embeddings + h
+    targets = shapes if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
+    return layers * cfg.lora_r * sum(sum(shapes[t]) for t in targets if t in shapes)
+
+
+def largest_weight(config) -> int:
+    """Elements in a Llama-like model's largest weight: the embedding (or output layer) or an MLP matrix."""
+    return max(config.vocab_size, config.intermediate_size) * config.hidden_size
+
+
+def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
+    """The largest micro-batch in tokens: padded rows, or the longest real rows (rounded as collated)."""
+    from .data import BUCKET, first_fit, packed_rows
+
+    if cfg.padding == "max_length":
+        return cfg.batch_size * cfg.max_length
+    lengths = [sum(mask) for mask in dataset["attention_mask"]]
+    longest = max(lengths)
+    if cfg.padding == "bucket":
+        return cfg.batch_size * math.ceil(longest / BUCKET) * BUCKET
+    if cfg.padding == "packed":  # the most rows any batch took when packed, over a few shuffles of the data
+        rows = 0
+        for seed in range(PACK_SHUFFLES):
+            random.Random(seed).shuffle(lengths)
+            rows = max(rows, *(packed_rows(first_fit(lengths[i:i + cfg.batch_size], cfg.max_length)[1])
+                               for i in range(0, len(lengths), cfg.batch_size)))
+        return rows * cfg.max_length
+    return cfg.batch_size * longest

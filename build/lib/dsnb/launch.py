@@ -1,0 +1,257 @@
+"""Each variant in a fresh child process: run_variant for one, run_all for several.
+
+    result = run_variant(RunConfig(**OFFLINE, strategy="zero2", offload_optimizer="cpu"))
+    result.status, result.metrics["peak_gpu_allocated_mb"]
+    results = run_all(cfgs, gpus=2)        # two at a time, one per GPU
+
+The parent opens the MLflow run and writes one child description (config, run id, progress file) as
+JSON; the child (`python -m dsnb.child child.json`, under torchrun for several GPUs) trains and logs
+into that run, writing its output to the run's train.log and its progress to the progress file. A child
+that fails or dies leaves a FAILED or KILLED run with its log; an interrupt (Ctrl-C, Jupyter's "Interrupt
+kernel", SIGTERM) stops the child too, which ends its run KILLED with what it measured so far.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from . import preflight, tracking
+from .config import ConfigError, RunConfig
+from .tracking import RunResult
+
+SWEEP_RUN_ENV = "DSNB_SWEEP_RUN_ID"  # a sweep opens the run, then its notebook's run_variant logs into it
+STOP_GRACE_S = 60  # an interrupted child gets this long to record its run KILLED before it is killed
+_ACTIVE: set[subprocess.Popen] = set()  # children running now, stopped together on an interrupt
+_LOCK = threading.Lock()
+
+
+def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None, env: dict | None = None) -> RunResult:
+    """Run cfg in a fresh Python process as one MLflow run; never raises for a failed run.
+
+    env adds variables to the child's environment (CUDA_VISIBLE_DEVICES, say).
+    """
+    from tqdm.auto import tqdm
+
+    preflight.check(cfg)
+    run_id = tracking.create_run(cfg, tags, os.environ.pop(SWEEP_RUN_ENV, None))
+    bar = tqdm(desc=cfg.name, unit="step", disable=not progress, leave=True)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dsnb-") as tmp:
+        log_file, progress_file = os.path.join(tmp, "train.log"), os.path.join(tmp, "progress")
+        child_file = os.path.join(tmp, "child.json")
+        with open(child_file, "w") as f:
+            json.dump({"config": cfg.to_dict(), "run_id": run_id, "progress": progress_file,
+                       "parent_pid": os.getpid()}, f)
+        # Several GPUs: torchrun starts one process per GPU; each rank trains, rank 0 logs into run_id.
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
+        command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
+        try:
+            returncode = _watch(command, {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}, log_file,
+                                progress_file, bar)
+        except BaseException:
+            _close(run_id, cfg, log_file, "KILLED")
+            raise
+        finally:
+            bar.close()
+        status = _close(run_id, cfg, log_file, "FAILED" if returncode > 0 else "KILLED" if returncode else None)
+        if returncode and progress:
+            print(f"{cfg.name}: the run ended {status} (exit {returncode}); last lines of its log:\n" + _tail(log_file))
+    return RunResult.read(cfg.tracking_uri, run_id, returncode=returncode,
+                          wall_seconds=time.perf_counter() - started)
+
+
+def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar) -> int:
+    """Start the child, follow its progress file into the bar until it exits; stop it on an interrupt."""
+    with open(log_file, "w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with _LOCK:
+        _ACTIVE.add(child)
+    try:
+        seen = 0
+        while True:
+            done = child.poll() is not None
+            seen = _follow(progress_file, seen, bar)
+            if done:
+                return child.returncode
+            time.sleep(0.2)
+    except BaseException:
+        stop(child)
+        raise
+    finally:
+        with _LOCK:
+            _ACTIVE.discard(child)
+
+
+def _follow(path: str, seen: int, bar) -> int:
+    """Show the child's new progress records (JSON lines: a step, or a message) on the bar; returns the bytes
+    read so far."""
+    if not os.path.exists(path):
+        return seen
+    with open(path, "rb") as f:
+        f.seek(seen)
+        lines = f.read().splitlines(keepends=True)
+    complete = [line for line in lines if line.endswith(b"\n")]
+    for record in map(json.loads, complete):
+        if "say" in record:
+            if not bar.disable:
+                bar.write(f"{bar.desc}: {record['say']}")
+            continue
+        bar.total = record["total"]
+        if record["loss"] is not None:
+            bar.set_postfix(loss=f"{record['loss']:.4g}", refresh=False)
+        bar.update(record["step"] - bar.n)
+    return seen + sum(len(line) for line in complete)
+
+
+def stop(child: subprocess.Popen) -> None:
+    """Interrupt a child's whole process group (torchrun's ranks too); kill it if it has not ended in time."""
+    if child.poll() is not None:
+        return
+    try:
+        os.killpg(child.pid, signal.SIGINT)
+        child.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    except ProcessLookupError:
+        child.wait()
+
+
+def stop_all() -> None:
+    """Stop every child this process runs (run_all's side-by-side variants on an interrupt)."""
+    with _LOCK:
+        children = list(_ACTIVE)
+    for child in children:
+        stop(child)
+
+
+def _close(run_id: str, cfg: RunConfig, log_file: str, status: str | None) -> str:
+    """Attach the log and end the run `status` if its process could not; returns the status the store holds."""
+    client = tracking.mlflow_client(cfg.tracking_uri)
+    if os.path.exists(log_file):
+        client.log_artifact(run_id, log_file)
+    if status:
+        tracking.finish(run_id, cfg.tracking_uri, status)
+    return client.get_run(run_id).info.status
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:])
+
+
+def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1,
+            tags: list[dict] | None = None) -> list[RunResult]:
+    """Run each config with run_variant, with a bar over the variants; return every result, in order.
+
+    gpus > 1 runs that many at a time, each on a GPU of its own (CUDA_VISIBLE_DEVICES); tags[i] tags run i.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    for cfg in {(c.tracking_uri, c.experiment): c for c in cfgs}.values():
+        tracking.experiment_id(cfg)  # each store and experiment exists before runs start side by side
+    free = free_gpus(gpus)
+    bar = tqdm(total=len(cfgs), desc="variants", unit="variant", disable=not progress or len(cfgs) < 2)
+
+    def run(i: int, side_by_side: bool) -> RunResult:
+        gpu = free.pop() if side_by_side else None
+        try:
+            env = {"CUDA_VISIBLE_DEVICES": gpu} if side_by_side else {}
+            return run_variant(cfgs[i], progress=progress and not side_by_side, tags=tags[i] if tags else None,
+                               env=env)
+        finally:
+            if gpu is not None:
+                free.append(gpu)
+            bar.update()
+
+    results: dict[int, RunResult] = {}
+    with bar:
+        if gpus > 1:  # one-GPU runs `gpus` at a time; a run over several GPUs then gets all of them to itself
+            single = [i for i, cfg in enumerate(cfgs) if cfg.num_gpus == 1]
+            with ThreadPoolExecutor(gpus) as pool:
+                futures = {i: pool.submit(run, i, True) for i in single}
+                try:
+                    results.update({i: f.result() for i, f in futures.items()})
+                except BaseException:
+                    for f in futures.values():
+                        f.cancel()
+                    stop_all()
+                    raise
+        for i in range(len(cfgs)):  # in this thread, so an interrupt reaches the running variant at once
+            if i not in results:
+                results[i] = run(i, False)
+    return [results[i] for i in range(len(cfgs))]
+
+
+def free_gpus(gpus: int) -> list[str]:
+    """The GPU ids `gpus` side-by-side runs take turns on (["0"]: one at a time)."""
+    if gpus <= 1:
+        return ["0"]
+    import torch
+
+    free = preflight.gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())[:gpus]
+    if len(free) < gpus:
+        raise ConfigError(f"gpus is {gpus} but this machine shows {len(free)} GPU(s); ask for at most {len(free)}")
+    return free
+
+
+def child_main(path: str) -> int:
+    """The child process: train the described variant into its run; 0 finished, 1 failed, 130 interrupted."""
+    with open(path) as f:
+        child = json.load(f)
+    cfg = RunConfig.from_dict(child["config"])
+    preflight.pin_one_gpu(cfg)
+    signal.signal(signal.SIGTERM, _terminated)
+    _watch_parent(child["parent_pid"])
+    from .train import Reporter, train
+
+    class ToParent(Reporter):
+        """Progress and messages as JSON lines in the file the parent follows (messages also in train.log)."""
+
+        def step(self, step: int, total: int, loss: float | None) -> None:
+            self.write({"step": step, "total": total, "loss": loss})
+
+        def say(self, text: str) -> None:
+            super().say(text)
+            self.write({"say": text})
+
+        def write(self, record: dict) -> None:
+            with open(child["progress"], "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    try:
+        metrics = train(cfg, child["run_id"], reporter=ToParent())
+    except KeyboardInterrupt:
+        print("dsnb: interrupted; the run is recorded KILLED with what it measured so far", file=sys.stderr)
+        return 130
+    except ConfigError as e:
+        print(f"dsnb: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
+    return 0
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _watch_parent(pid: int) -> None:
+    """If the process that started this one dies (killed, or its kernel shut down), stop as if interrupted."""
+    import psutil
+
+    def watch():
+        while psutil.pid_exists(pid):
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+

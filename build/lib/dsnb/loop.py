@@ -1,0 +1,225 @@
+"""dsnb's own training loop for `torch_compile=True`: the Trainer's data, loss, optimizer and schedule, a compiled step.
+
+    metrics = train_compiled(trainer, cfg, timer, on_step, on_log)    # instead of trainer.train()
+    DSNB_PROFILE=step.txt python -m dsnb run ... --torch_compile true # also profile the last untimed step
+    DSNB_LOSS_SCALE=1 ...                                             # the fp16 loss scaler on an fp32 run (its math)
+
+Why: on a 3B LoRA step of 8 short samples the GPU's arithmetic takes ~5 ms, but the HF Trainer's step
+costs ~265 ms of Python and kernel launches (MISSION.md's profile). This loop takes the batches, the loss
+normalisation, AdamW and the linear schedule from the same Trainer object (same order, same math), runs
+the model under torch.compile, which fuses kernels and, on a GPU, replays each step as CUDA graphs, and
+reads nothing back to the host between steps except at the timer's marks and every LOG_FLUSH logged steps.
+
+Two ways to step:
+- no DeepSpeed: the compiled model, the Trainer's fused AdamW, clipping, and for fp16 a loss scaler
+  (torch.amp.GradScaler), so a T4 (no bf16) gets the compiled speed too;
+- ZeRO-1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
+  its loss scaler), with its module compiled in place by engine.compile(). ZeRO-1/2 replay CUDA graphs;
+  ZeRO-3 fetches and releases parameters in hooks between graphs, so it compiles without them and with
+  dynamo's recompile limits raised for those hooks.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+
+LOG_FLUSH = 32  # logged steps kept on the device before one host read sends them to MLflow
+PROFILE_ENV = "DSNB_PROFILE"  # a file path: where the last untimed step's profile (top kernels, host vs GPU) goes
+LOSS_SCALE_ENV = "DSNB_LOSS_SCALE"  # "1": the loss scaler on an fp32 run, to check its math where fp16 cannot run
+
+
+def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
+    """Train trainer.model for cfg's steps; returns the Trainer's train() metrics (runtime, loss, ...).
+
+    on_step(step, max_steps, loss) reports progress; on_log(step, {"loss", "grad_norm", "learning_rate"})
+    receives the records the Trainer would log, at the same steps (the last one too), averaged the same way;
+    begin() runs once the model is ready, before the clock starts (the "before" answers).
+    """
+    import torch
+
+    loader = trainer.get_train_dataloader()
+    per_epoch = math.ceil(len(loader) / cfg.grad_accum)  # the Trainer's update steps an epoch, the last one short
+    max_steps = cfg.max_steps or math.ceil(per_epoch * cfg.epochs)
+    stepper = (DeepSpeedStep if cfg.zero_stage is not None else PlainStep)(trainer, cfg, max_steps)
+    device = stepper.device
+    window = torch.zeros((), device=device)  # loss summed since the last log, as the Trainer's tr_loss
+    total_loss = torch.zeros((), device=device)
+    pending: list = []
+    last_logged, loss_seen = 0, None
+    profile = os.environ.get(PROFILE_ENV)
+    begin()
+    timer.mark(0)
+    start = time.perf_counter()
+    for step, (micro, items) in enumerate(step_batches(trainer, loader, cfg.grad_accum, max_steps, device), 1):
+        # The last untimed step: compiled and recorded by then, and outside the timed steps.
+        profiling = bool(profile) and step == max(1, timer.untimed_steps)
+        began = time.perf_counter()
+        with torch.profiler.profile() if profiling else contextlib.nullcontext() as profiler:
+            step_loss, grad_norm, lr = stepper.step(micro, items, timer)
+        if profiling:
+            write_profile(profiler, profile, step, 1000 * (time.perf_counter() - began))
+        window += step_loss
+        total_loss += step_loss
+        if step == 1 or step % cfg.logging_steps == 0 or step == max_steps:
+            pending.append((step, window / (step - last_logged), grad_norm, lr))
+            window = torch.zeros((), device=device)
+            last_logged = step
+        if len(pending) >= LOG_FLUSH or step == max_steps:
+            loss_seen = flush(pending, on_log)
+        if step in (timer.untimed_steps, max_steps):
+            timer.mark(step)
+        on_step(step, max_steps, loss_seen)
+    runtime = time.perf_counter() - start
+    trainer.state.global_step = max_steps
+    samples, _ = timer.batches.totals(timer.consumed)
+    return {"train_runtime": runtime, "train_loss": total_loss.item() / max_steps,
+            "train_samples_per_second": samples * stepper.world / runtime,
+            "train_steps_per_second": max_steps / runtime, "epoch": max_steps / per_epoch}
+
+
+def step_batches(trainer, loader, accum: int, max_steps: int, device):
+    """(micro-batches, label tokens) of each optimizer step, epoch after epoch, grouped and counted as the HF Trainer
+    does: `accum` micro-batches a step, the epoch's last step taking what remains."""
+    step, epoch = 0, 0
+    while True:
+        for target in (loader, getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+        batches, left = iter(loader), len(loader)
+        while left > 0:
+            take = min(accum, left)
+            yield trainer.get_batch_samples(batches, take, device)
+            left -= take
+            step += 1
+            if step == max_steps:
+                return
+        epoch += 1
+
+
+class PlainStep:
+    """One optimizer step without DeepSpeed: the compiled model, the Trainer's AdamW and schedule, clipping, and a
+    loss scaler for fp16."""
+
+    def __init__(self, trainer, cfg, max_steps: int):
+        import torch
+
+        self.trainer, self.cfg, self.world = trainer, cfg, 1
+        model = trainer.model
+        self.device = next(model.parameters()).device
+        trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        self.optimizer, self.scheduler = trainer.optimizer, trainer.lr_scheduler
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.cuda = self.device.type == "cuda"
+        # Static shapes: each batch shape (few: bucket rounds lengths to 64 tokens, packed rounds row counts to
+        # PACK_ROWS) compiles once, and "reduce-overhead" replays it as CUDA graphs.
+        self.forward = torch.compile(model, mode="reduce-overhead" if self.cuda else None, dynamic=False)
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype)
+        self.autocast = torch.autocast(self.device.type, dtype=half or torch.float32, enabled=half is not None)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.dtype == "fp16" or
+                                           os.environ.get(LOSS_SCALE_ENV) == "1")
+        model.train()
+
+    def step(self, micro: list, items, timer):
+        import torch
+
+        trainer, device = self.trainer, self.device
+        step_loss = torch.zeros((), device=device)
+        for batch in micro:
+            if self.cuda:
+                torch.compiler.cudagraph_mark_step_begin()
+            with self.autocast:
+                loss = trainer.compute_loss(self.forward, batch, num_items_in_batch=items)
+            self.scaler.scale(loss).backward()
+            step_loss += loss.detach()
+            timer.consume()
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, trainer.args.max_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step used, as the Trainer logs it
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return step_loss, grad_norm.detach(), lr
+
+
+class DeepSpeedStep:
+    """One optimizer step under ZeRO: the engine the HF Trainer would build (same config, optimizer, offload and
+    schedule), its module compiled in place, backward and step through the engine."""
+
+    def __init__(self, trainer, cfg, max_steps: int):
+        import torch
+
+        self.trainer, self.cfg = trainer, cfg
+        if cfg.zero_stage == 3:
+            # ZeRO-3's fetch and release hooks guard on module depth and requires_grad: past dynamo's default
+            # limit of 8 recompiles, frames quietly run uncompiled (seen on the CPU with DeepSpeed 0.19.8).
+            torch._dynamo.config.recompile_limit = 64
+            torch._dynamo.config.accumulated_recompile_limit = 4096
+            torch._dynamo.config.force_parameter_static_shapes = False
+        self.engine = prepare_engine(trainer, max_steps)
+        self.device = self.engine.device
+        self.world = self.engine.world_size
+        cuda = torch.device(self.device).type == "cuda"
+        # CUDA graphs need fixed parameter storage: ZeRO-1/2 keep it, ZeRO-3 swaps it on every fetch.
+        mode = "reduce-overhead" if cuda and cfg.zero_stage < 3 else None
+        self.engine.compile(compile_kwargs={"mode": mode, "dynamic": False} if mode else {"dynamic": False})
+        self.cuda = cuda and mode is not None
+        self.engine.train()
+
+    def step(self, micro: list, items, timer):
+        import torch
+
+        trainer, engine = self.trainer, self.engine
+        step_loss = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro):
+            if self.cuda:
+                torch.compiler.cudagraph_mark_step_begin()
+            last = i == len(micro) - 1
+            engine.set_gradient_accumulation_boundary(last)  # as accelerate's backward does for the Trainer
+            loss = trainer.compute_loss(engine, batch, num_items_in_batch=items)
+            engine.backward(loss, scale_wrt_gas=False)  # already normalised over the step's tokens
+            if last:
+                engine.step()  # clipping, the optimizer, the loss scale (and a schedule given to DeepSpeed)
+            step_loss += loss.detach()
+            timer.consume()
+        lr = trainer.lr_scheduler.get_last_lr()[0]
+        if not trainer.accelerator.optimizer_step_was_skipped:
+            trainer.lr_scheduler.step()  # the Trainer's own schedule; a no-op where DeepSpeed steps it
+        norm = engine.get_global_grad_norm()
+        return step_loss, torch.as_tensor(0.0 if norm is None else norm, device=self.device), lr
+
+
+def prepare_engine(trainer, max_steps: int):
+    """The DeepSpeed engine, optimizer and schedule exactly as Trainer.train() prepares them (transformers 5)."""
+    from transformers.integrations.deepspeed import deepspeed_init
+
+    trainer.optimizer, trainer.lr_scheduler = deepspeed_init(trainer, num_training_steps=max_steps)
+    if type(trainer.lr_scheduler).__name__ == "DummyScheduler":
+        engine, trainer.optimizer, trainer.lr_scheduler = trainer.accelerator.prepare(
+            trainer.model, trainer.optimizer, trainer.lr_scheduler)
+    else:
+        engine, trainer.optimizer = trainer.accelerator.prepare(trainer.model, trainer.optimizer)
+        trainer.create_scheduler(num_training_steps=max_steps)
+    trainer.model_wrapped = trainer.deepspeed = engine
+    return engine
+
+
+def flush(pending: list, on_log) -> float | None:
+    """Send the logged steps kept on the device to on_log, one host read each, and forget them; the last loss."""
+    loss = None
+    for step, loss_value, norm, lr in pending:
+        loss = loss_value.item()
+        on_log(step, {"loss": loss, "grad_norm": float(norm), "learning_rate": lr})
+    pending.clear()
+    return loss
+
+
+def write_profile(profiler, path: str, step: int, wall_ms: float) -> None:
+    """One step's profile: its wall time, then the top operators with torch's CPU and GPU totals."""
+    events = profiler.key_averages()
+    gpu = any(e.self_device_time_total for e in events)
+    with open(path, "w") as f:
+        f.write(f"step {step}: wall {wall_ms:.1f} ms (GPU busy time: 'Self CUDA time total' below)\n\n")
+        f.write(events.table(sort_by="self_device_time_total" if gpu else "self_cpu_time_total", row_limit=30))

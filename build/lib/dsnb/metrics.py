@@ -1,0 +1,217 @@
+"""What a run costs, measured: peak memory (allocator, NVML, RSS), throughput in samples and real tokens, MFU.
+
+    with PeakMemory(device) as mem:       # NVML and RSS sampled in a thread at 20 Hz
+        trainer.train()
+    mem.summary()                         # peak_gpu_allocated_mb, peak_gpu_reserved_mb, peak_gpu_nvml_mb, ...
+    timer = StepTimer(device, untimed_steps=1)   # marks after each step; timer.throughput(...) after training
+
+MFU convention: model FLOPs per real (non-padding) token = 6 N for full fine-tuning and 4 N + 6 N_trainable
+with LoRA (forward 2 N, input gradients 2 N, weight gradients only for trained weights), where N counts
+the weights of every matrix multiply (attention and MLP projections and the LM head; attention scores
+and embedding lookups left out), divided by the device's dense bf16/fp16 peak from its datasheet.
+"""
+from __future__ import annotations
+
+import resource
+import threading
+import time
+
+MB = 2**20
+# Dense (no sparsity) bf16/fp16 tensor-core peaks from the vendors' datasheets, FLOP/s.
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12,
+                  "A10G": 70e12, "A10": 125e12, "T4": 65e12, "V100": 125e12, "RTX 4090": 165e12, "A6000": 155e12}
+
+
+class PeakMemory:
+    """Peak GPU memory (allocator and NVML) and CPU RSS of this process over a `with` block."""
+
+    def __init__(self, device: str, interval: float = 0.05):
+        self.device, self.interval = device, interval
+        self.cuda = device.startswith("cuda")
+        self.nvml_peak = self.nvml_start = 0
+        self.rss_peak = 0
+        self._stop = threading.Event()
+        self._handle = None
+
+    def __enter__(self):
+        import psutil
+
+        self._proc = psutil.Process()
+        if self.cuda:
+            import pynvml
+            import torch
+
+            index = torch.device(self.device).index or 0
+            self._handle = nvml_handle(index)
+            # Device-wide use before this run touched the GPU; the run's share (its context included)
+            # is the rise above it.
+            self.nvml_start = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
+            torch.cuda.set_device(index)
+            torch.zeros(1, device=self.device)  # the context and allocator exist from here on
+            torch.cuda.reset_peak_memory_stats(index)
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self):
+        self.rss_peak = max(self.rss_peak, self._proc.memory_info().rss)
+        if self._handle is not None:
+            import pynvml
+
+            self.nvml_peak = max(self.nvml_peak, pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return False
+
+    def summary(self) -> dict:
+        """Peaks so far in MB; GPU figures are 0 on a CPU run (no GPU memory was used)."""
+        out = {"peak_gpu_allocated_mb": 0.0, "peak_gpu_reserved_mb": 0.0, "peak_gpu_nvml_mb": 0.0}
+        if self.cuda:
+            import torch
+
+            out["peak_gpu_allocated_mb"] = torch.cuda.max_memory_allocated(self.device) / MB
+            out["peak_gpu_reserved_mb"] = torch.cuda.max_memory_reserved(self.device) / MB
+            out["peak_gpu_nvml_mb"] = max(0, self.nvml_peak - self.nvml_start) / MB
+        # ru_maxrss is the kernel's exact high-water mark (KiB on Linux); the sampler may miss a spike.
+        out["peak_cpu_rss_mb"] = max(self.rss_peak / MB, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        return out
+
+
+def gather_ranks(summary: dict) -> dict:
+    """Every rank's peaks as <metric>_rank<r>, and each peak as its largest over the ranks (the GPU that must fit)."""
+    import torch.distributed as dist
+
+    ranks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, summary)
+    out = {f"{k}_rank{r}": v for r, peaks in enumerate(ranks) for k, v in peaks.items()}
+    out.update({k: max(peaks[k] for peaks in ranks) for k in summary})
+    return out
+
+
+def gpu_uuid(index: int) -> str:
+    """NVML's id of torch's cuda:index; NVML and nvidia-smi ignore CUDA_VISIBLE_DEVICES, so indices differ."""
+    import torch
+
+    return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+
+
+def nvml_handle(index: int):
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid(index))
+
+
+def gputil_used_mb(index: int = 0) -> float:
+    """GPU memory in use as GPUtil (nvidia-smi) reports it: the tutorial's before/after reading."""
+    import GPUtil
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0.0
+    uuid = gpu_uuid(index)
+    return next((float(g.memoryUsed) for g in GPUtil.getGPUs() if g.uuid == uuid), 0.0)
+
+
+def matmul_params(config) -> int:
+    """N: weights in matrix multiplies of a decoder (Llama-family config), LM head included."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q and o; k and v
+    mlp = 3 * h * config.intermediate_size  # gate, up, down
+    return layers * (attn + mlp) + h * config.vocab_size
+
+
+def flops_per_token(config, trainable: int, full: bool) -> float:
+    n = matmul_params(config)
+    return 6.0 * n if full else 4.0 * n + 6.0 * trainable
+
+
+def peak_flops(device: str) -> tuple[float, str]:
+    """(FLOP/s, source): the datasheet peak of a known GPU, else a measured matmul rate."""
+    import torch
+
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+        for key, flops in GPU_PEAK_FLOPS.items():
+            if key in name:
+                return flops, f"datasheet dense bf16 ({name})"
+        dtype, size = torch.bfloat16, 8192
+    else:
+        dtype, size = torch.float32, 1024
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    start, reps = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.5:
+        a @ b
+        reps += 1
+        sync(device)
+    rate = 2 * size**3 * reps / (time.perf_counter() - start)
+    return rate, f"measured {str(dtype).split('.')[-1]} matmul {size}x{size} on {device}"
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+class StepTimer:
+    """Times optimizer steps after the first `untimed_steps`, counting the samples and real tokens of the
+    micro-batches the loop consumed (data.BatchLog), so a short batch counts short, in every loop."""
+
+    def __init__(self, device: str, untimed_steps: int, batches):
+        self.device, self.untimed_steps, self.batches = device, untimed_steps, batches
+        self.consumed = 0  # micro-batches the loop has trained on
+        self.marks: list[tuple[float, int, int]] = []  # (time, step, micro-batches consumed)
+
+    def consume(self) -> None:
+        self.consumed += 1
+
+    def mark(self, step: int) -> None:
+        sync(self.device)
+        self.marks.append((time.perf_counter(), step, self.consumed))
+
+    def throughput(self, gather: bool = True) -> dict:
+        """Steady-state samples/s and real tokens/s between the last untimed step's mark and the last step's, over
+        every rank (gather: a collective, so every rank must call it), and real tokens per sample of the run."""
+        if len(self.marks) < 2:
+            return {}
+        first = next((m for m in self.marks if m[1] >= self.untimed_steps), self.marks[0])
+        if first is self.marks[-1]:
+            first = self.marks[0]
+        (t0, s0, b0), (t1, s1, b1) = first, self.marks[-1]
+        counts = [*self.batches.totals(b1), *self.batches.totals(b0), *self.batches.totals(self.consumed)]
+        samples1, tokens1, samples0, tokens0, samples, tokens = sum_over_ranks(counts) if gather else counts
+        seconds = t1 - t0
+        return {"samples_per_second": (samples1 - samples0) / seconds,
+                "tokens_per_second": (tokens1 - tokens0) / seconds,
+                "step_time_ms": 1000 * seconds / (s1 - s0), "timed_steps": s1 - s0,
+                "real_tokens_per_sample": tokens / max(1, samples)}
+
+
+def sum_over_ranks(values: list[int]) -> list[int]:
+    """Each value summed over every process (itself when there is one)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    total = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        total = total.cuda()
+    dist.all_reduce(total)
+    return [int(v) for v in total.tolist()]

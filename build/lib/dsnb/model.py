@@ -1,0 +1,235 @@
+"""Model and tokenizer loading: a hub id, a local directory, or an offline synthetic model of a real shape.
+
+    model, tokenizer = load_model(cfg, device="cuda:0")   # quantized and wrapped in LoRA as cfg says
+
+Synthetic models (`synthetic:tiny`, `synthetic:llama-3.2-3b`, ...) have random weights and a real Llama
+architecture, so memory and speed are real while loss values mean nothing. They are built once into
+a cache folder (DSNB_CACHE, default ~/.cache/dsnb) with a byte-level BPE tokenizer trained by dsnb on
+its own synthetic text, then loaded through the same from_pretrained path as any local model.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+
+from .config import ConfigError, RunConfig, describe
+
+# Llama shapes: hidden, layers, heads, kv heads, MLP width, vocab, tied embeddings.
+SHAPES = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=172, vocab_size=0, tie_word_embeddings=True),
+    # Twice tiny's width: learns the offline set's facts on 2 CPU cores within a minute (variants/quality.yaml).
+    "small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=344, vocab_size=0, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+    "llama-3.2-3b": dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
+}
+TOKENIZER_VOCAB = 420  # gives ~43 tokens a prompt, near the ~39 of the real model on SQuAD; vocab_size 0 above = this
+SYNTHETIC_VERSION = 2  # bump when SHAPES, the tokenizer or its text change, so cached builds are not reused
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def cache_dir() -> str:
+    return os.environ.get("DSNB_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dsnb"))
+
+
+def synthetic_shape(name: str) -> str:
+    """The shape of a synthetic:<shape> name, or a ConfigError listing the shapes."""
+    shape = name.split(":", 1)[1]
+    if shape not in SHAPES:
+        raise ConfigError(f"model {name!r} is unknown; synthetic shapes are "
+                          f"{', '.join('synthetic:' + s for s in SHAPES)}")
+    return shape
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_model(name: str) -> str:
+    """A path or hub id that from_pretrained can load; synthetic models are built on first use (once a process)."""
+    if name.startswith("synthetic:"):
+        shape = synthetic_shape(name)
+        path = os.path.join(cache_dir(), f"synthetic-v{SYNTHETIC_VERSION}", shape)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            build_synthetic(shape, path)
+        return path
+    if os.path.isdir(name):
+        return name
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise ConfigError(f"model directory {name!r} does not exist; give a local folder, a hub id or synthetic:tiny")
+    return name
+
+
+@functools.lru_cache(maxsize=None)
+def model_config(name: str):
+    """The text model's config of cfg.model (hub, folder or synthetic), read without loading (or building) any
+    weight: a synthetic shape's config is made from SHAPES alone."""
+    from transformers import AutoConfig
+
+    if name.startswith("synthetic:"):
+        return synthetic_config(SHAPES[synthetic_shape(name)], bos=0, eos=1)
+    try:
+        config = AutoConfig.from_pretrained(resolve_model(name), trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model {name!r} could not be loaded ({describe(e)}); "
+                          "give an existing hub id, a local folder, or synthetic:tiny offline") from None
+    return config.get_text_config()
+
+
+def build_synthetic(shape: str, path: str, dims: dict | None = None) -> None:
+    """Write a random-init Llama of `shape` (or of `dims`, SHAPES' fields) and dsnb's tokenizer to `path`
+    (atomically). Models wider than 1024 are stored in bf16, smaller ones in fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{shape}-")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path("synthetic:tiny"))
+    tokenizer.save_pretrained(tmp)
+    config = synthetic_config(dims or SHAPES[shape], tokenizer.bos_token_id, tokenizer.eos_token_id)
+    assert config.vocab_size >= len(tokenizer)
+    torch.manual_seed(0)
+    large = config.hidden_size > 1024
+    device = "cuda" if large and torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if large else torch.float32)
+    model.save_pretrained(tmp)
+    del model
+    if os.path.isdir(path):  # another process finished first
+        shutil.rmtree(tmp)
+        return
+    os.replace(tmp, path)
+
+
+def synthetic_config(dims: dict, bos: int, eos: int):
+    """A Llama config of SHAPES' fields (vocab_size 0: dsnb's own tokenizer), stored in bf16 above 1024 wide."""
+    from transformers import LlamaConfig
+
+    dims = dict(dims)
+    dims["vocab_size"] = dims["vocab_size"] or TOKENIZER_VOCAB
+    return LlamaConfig(**dims, max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+                       bos_token_id=bos, eos_token_id=eos, head_dim=dims["hidden_size"] // dims["num_attention_heads"],
+                       dtype="bfloat16" if dims["hidden_size"] > 1024 else "float32")
+
+
+def train_tokenizer():
+    """A byte-level BPE tokenizer trained on dsnb's synthetic SQuAD text (Korean and English)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from .data import format_prompt, synthetic_squad
+
+    rows = synthetic_squad(4000, seed=1)
+    corpus = [format_prompt(r) for r in rows] + [r["context"] for r in rows]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos = tok.token_to_id(specials[0])
+    tok.post_processor = processors.TemplateProcessing(single=f"{specials[0]} $A", special_tokens=[(specials[0], bos)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[0], eos_token=specials[1],
+                                   pad_token=specials[1], model_max_length=8192)
+
+
+@functools.lru_cache(maxsize=None)
+def tokenizer_path(name: str) -> str:
+    """Where cfg.model's tokenizer loads from: for a synthetic shape, dsnb's own tokenizer (built once, shared by
+    every shape, so a plan or check never builds weights); else the model itself."""
+    if not name.startswith("synthetic:"):
+        return resolve_model(name)
+    synthetic_shape(name)
+    path = os.path.join(cache_dir(), f"synthetic-v{SYNTHETIC_VERSION}", "tokenizer")
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=".tokenizer-")
+        train_tokenizer().save_pretrained(tmp)
+        if os.path.isdir(path):  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, path)
+    return path
+
+
+def load_tokenizer(cfg: RunConfig):
+    from transformers import AutoTokenizer
+
+    path = tokenizer_path(cfg.model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)}); "
+                          "give an existing hub id, a local folder, or synthetic:tiny offline") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # the tutorial's choice; labels still ignore padding
+    return tokenizer
+
+
+def load_model(cfg: RunConfig, device: str, tokenizer=None):
+    """(model, tokenizer): cfg.model in cfg's precision and quantization, with LoRA adapters when lora_r > 0."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    tokenizer = tokenizer or load_tokenizer(cfg)
+    dtype = getattr(torch, TORCH_DTYPES[cfg.dtype])
+    if cfg.lora_r == 0 and cfg.dtype == "fp16":
+        dtype = torch.float32  # fp16 AMP cannot unscale fp16 gradients: full fine-tuning keeps fp32 masters
+    kwargs: dict = {"dtype": dtype}
+    if cfg.quantization == "8bit":
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    elif cfg.quantization == "4bit":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype,
+            # ZeRO-3 partitions the packed 4-bit weights as tensors of this dtype; it must match the rest.
+            bnb_4bit_quant_storage=dtype)
+    if cfg.quantization != "none" and cfg.zero_stage != 3:  # under ZeRO-3, DeepSpeed places the weights
+        kwargs["device_map"] = {"": device}  # bitsandbytes quantizes while placing the weights
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), **kwargs)
+    except OSError as e:
+        raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)})") from None
+    model.config.use_cache = False
+    if cfg.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else cfg.lora_targets.split(",")
+        try:
+            model = get_peft_model(model, LoraConfig(
+                r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
+                bias="none", task_type="CAUSAL_LM"))
+        except ValueError as e:
+            raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({describe(e)})") from None
+        check_targets(cfg, model)
+    return model, tokenizer
+
+
+def check_targets(cfg: RunConfig, model) -> None:
+    """Every module name in lora_targets got an adapter: peft drops a misspelled one silently when another matches."""
+    if cfg.lora_targets == "all-linear":
+        return
+    adapted = {name.rsplit(".", 1)[-1] for name in model.targeted_module_names}
+    missing = [t for t in cfg.lora_targets.split(",") if t.strip() not in adapted]
+    if missing:
+        import torch
+
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.get_base_model().named_modules()
+                         if isinstance(m, torch.nn.Linear) and "lora" not in n})
+        raise ConfigError(f"lora_targets {cfg.lora_targets!r}: {missing[0]} matches no module of {cfg.model}; "
+                          f"its linear layers are {', '.join(linear)}")
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts at full size: 4-bit weights unpacked, ZeRO-3 partitions whole."""
+    def size(p) -> int:
+        if getattr(p, "quant_state", None):
+            return p.quant_state.shape.numel()
+        return getattr(p, "ds_numel", None) or p.numel()
+
+    params = list(model.parameters())
+    return sum(size(p) for p in params if p.requires_grad), sum(size(p) for p in params)

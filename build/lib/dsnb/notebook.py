@@ -1,0 +1,60 @@
+"""The notebooks' entry: their parameters cell becomes a validated RunConfig.
+
+    cfg = dsnb.from_notebook(globals())     # in the first dsnb cell, after the parameters cell
+
+A value counts as set on purpose when a cell other than the parameters cell assigned it (papermill's
+injected cell, or a cell of your own), or when the parameters cell holds another value than its
+default. Values set on purpose win over the offline default that DSNB_OFFLINE=1 applies, even where they
+equal RunConfig's default.
+"""
+from __future__ import annotations
+
+import ast
+
+from . import preflight
+from .config import OFFLINE_ENV, RENAMED, ConfigError, RunConfig, field_names, offline_requested
+
+
+def from_notebook(namespace: dict) -> RunConfig:
+    """A RunConfig from a notebook's parameters (the fields found in `namespace`), checked against this machine."""
+    offline = offline_requested()
+    cfg = RunConfig.layered(explicit_parameters(namespace), offline=offline)
+    preflight.check(cfg)  # a bad parameter fails here, in the notebook's first dsnb cell
+    source = f"{OFFLINE_ENV}=1: the offline default" if offline else f"{OFFLINE_ENV} unset: the tutorial's defaults"
+    print(f"{source}; model {cfg.model}, dataset {cfg.dataset}, {cfg.derived_name()}")
+    return cfg
+
+
+def preview(cfg: RunConfig) -> str:
+    """What the run will train on and what it should take (data read and checked, GPU and host RAM estimated), before
+    any model downloads or loads."""
+    from .train import describe_plan, plan
+
+    return describe_plan(cfg, plan(cfg, cfg.num_gpus))
+
+
+def explicit_parameters(namespace: dict) -> dict:
+    """The run-config fields in `namespace` that were set on purpose (see the module's docstring)."""
+    defaults = RunConfig().to_dict()
+    assigned = assigned_outside_parameters(namespace.get("_ih") or [])
+    for old in sorted(assigned & set(RENAMED)):
+        raise ConfigError(RENAMED[old])
+    return {k: namespace[k] for k in field_names() if k in namespace and (k in assigned or namespace[k] != defaults[k])}
+
+
+def assigned_outside_parameters(cells: list[str]) -> set[str]:
+    """Names assigned at the top level of executed cells (IPython's input history) other than the parameters
+    cell, which is the one that declares run-config fields with annotations (`batch_size: int = 2`)."""
+    fields, names = set(field_names()), set()
+    for source in cells:
+        try:
+            body = ast.parse(source).body
+        except SyntaxError:  # magics and shell escapes: IPython's own syntax, no parameters there
+            continue
+        if any(isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) in fields for n in body):
+            continue
+        for node in body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names

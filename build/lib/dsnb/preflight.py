@@ -1,0 +1,277 @@
+"""Every check of this machine and a config before anything loads, run once per process and config.
+
+    device = pick_device()
+    check(cfg, device)          # raises ConfigError (exit 2, one line) for what the user must change
+
+Checks that need the machine live here (GPU, files, disks, DeepSpeed's op builds); what a config can
+say about itself alone is RunConfig's own validation.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+
+from .config import ConfigError, RunConfig, describe
+
+CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
+STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
+_CHECKED: set[str] = set()  # configs this process has already checked (a sweep's kernel sees each twice)
+
+
+def pick_device() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return "cpu"
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def is_rank0() -> bool:
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def gpu_ids(visible: str | None, count: int) -> list[str]:
+    """The first `count` GPUs of a CUDA_VISIBLE_DEVICES value (unset: 0, 1, ...), as its entries."""
+    ids = [g.strip() for g in visible.split(",") if g.strip()] if visible else [str(i) for i in range(count)]
+    return ids[:count]
+
+
+def pin_one_gpu(cfg: RunConfig) -> None:
+    """Before CUDA starts: a one-process run gets one GPU, or the HF Trainer would spread it over every visible
+    GPU with DataParallel (a launcher's ranks, with WORLD_SIZE set, each pick their own)."""
+    if "WORLD_SIZE" not in os.environ and cfg.num_gpus == 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), 1)[0]
+
+
+def check(cfg: RunConfig, device: str | None = None) -> None:
+    """Everything that can be known before loading: raise ConfigError naming what to change."""
+    device = device or pick_device()
+    key = json.dumps([cfg.to_dict(), device, world_size()], sort_keys=True)
+    if key in _CHECKED:
+        return
+    check_device(cfg, device)
+    check_store(cfg.tracking_uri)
+    world = world_size() if "WORLD_SIZE" in os.environ else cfg.num_gpus
+    if cfg.samples_per_step(world) > cfg.num_samples:
+        raise ConfigError(f"num_samples is {cfg.num_samples} but one step takes batch_size x grad_accum x "
+                          f"{world} process(es) = {cfg.samples_per_step(world)} samples; raise num_samples or "
+                          "lower batch_size or grad_accum")
+    if cfg.dataset not in ("squad", "synthetic") and not os.path.isfile(cfg.dataset):
+        raise ConfigError(f"dataset file {cfg.dataset!r} does not exist; check the path or use dataset=synthetic")
+    if cfg.uses_nvme:
+        check_nvme_path(cfg.nvme_path)
+    if cfg.offload_optimizer != "none":  # DeepSpeed's CPU Adam: built at the run's start unless it is already
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        if not op_built(CPUAdamBuilder(), "CPU Adam"):
+            print(f"dsnb: DeepSpeed builds its CPU Adam op first: about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, once "
+                  "per machine (python -m dsnb prepare builds it ahead)", flush=True)
+    if cfg.ds_config_path:
+        read_ds_config(cfg)
+    from .model import resolve_model
+
+    if not cfg.model.startswith("synthetic:"):
+        resolve_model(cfg.model)  # a missing local folder fails here; synthetic builds wait for the run
+    check_host_ram(cfg, world)
+    _CHECKED.add(key)
+
+
+def check_store(uri: str) -> None:
+    """The MLflow store can be written: found within seconds, before any model loads (MLflow's own retries take
+    minutes to give up on a server that does not answer)."""
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+        if not path or path.endswith("/"):
+            raise ConfigError(f"tracking_uri {uri!r} names no database file; use e.g. sqlite:///mlflow.db")
+        folder = os.path.dirname(os.path.abspath(path))
+        existing = next((d for d in _parents(folder) if os.path.exists(d)), "/")
+        if not _writable(existing):
+            raise ConfigError(f"tracking_uri {uri!r}: {existing} is not a folder dsnb can write to; "
+                              "pick a writable place for the store")
+        if os.path.isfile(path) and not _is_sqlite(path):
+            raise ConfigError(f"tracking_uri {uri!r}: {path} exists and is not an SQLite database; "
+                              "name another file")
+    elif scheme in ("http", "https"):
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5)
+        except OSError as e:
+            raise ConfigError(f"tracking_uri {uri} does not answer ({describe(e)}); start the MLflow server "
+                              "or use sqlite:///mlflow.db") from None
+    elif scheme in ("", "file"):
+        raise ConfigError(f"tracking_uri {uri!r} is a file store, which MLflow 3 deprecates and refuses; "
+                          "use sqlite:///mlflow.db (or an http:// tracking server)")
+
+
+def _parents(folder: str):
+    while True:
+        yield folder
+        if os.path.dirname(folder) == folder:
+            return
+        folder = os.path.dirname(folder)
+
+
+def _writable(folder: str) -> bool:
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def _is_sqlite(path: str) -> bool:
+    with open(path, "rb") as f:
+        header = f.read(16)
+    return header in (b"", b"SQLite format 3\x00")
+
+
+def check_device(cfg: RunConfig, device: str) -> None:
+    """Precision, GPU count and memory budget against this machine's devices."""
+    import torch
+
+    if device == "cpu" and cfg.dtype == "fp16":
+        raise ConfigError("dtype fp16 needs a GPU and this machine has none; use dtype bf16 or fp32 "
+                          "(or DSNB_OFFLINE=1 for the offline default)")
+    # is_bf16_supported() says True on a T4 (compute capability 7.5), which emulates bf16 slowly: ask for 8.0.
+    if device.startswith("cuda") and cfg.dtype == "bf16" and torch.cuda.get_device_capability(device) < (8, 0):
+        raise ConfigError(f"dtype bf16 has no native support on {torch.cuda.get_device_name(device)} (compute "
+                          "capability below 8.0: it would run emulated and slow); use dtype fp16")
+    if device.startswith("cuda") and cfg.num_gpus > torch.cuda.device_count():
+        raise ConfigError(f"num_gpus is {cfg.num_gpus} but this machine has {torch.cuda.device_count()} GPU(s); "
+                          f"set num_gpus <= {torch.cuda.device_count()}")
+    if cfg.memory_budget_gb:
+        if device == "cpu":
+            raise ConfigError("memory_budget_gb caps GPU memory and this machine has no GPU; set it to 0")
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        if cfg.memory_budget_gb > total * 1.05:  # a "15 GB" T4 shows 14.7 GiB: its own size is no error
+            raise ConfigError(f"memory_budget_gb is {cfg.memory_budget_gb} but {torch.cuda.get_device_name(device)} "
+                              f"has {total:.1f} GB; set at most {total:.0f}")
+
+
+def check_host_ram(cfg: RunConfig, world: int) -> None:
+    """The estimated peak host RAM of this run's processes on this machine fits ram_budget_gb, else what is
+    available now; refused (or, with host_ram_check warn, warned) before anything loads."""
+    import psutil
+
+    from .estimate import host_ram_mb, trainable_params
+    from .model import model_config
+
+    config = model_config(cfg.model)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    need = host_ram_mb(cfg, config, trainable_params(cfg, config), world) * local / 1024
+    have = cfg.ram_budget_gb or psutil.virtual_memory().available / 2**30
+    if need <= have:
+        return
+    where = f"ram_budget_gb is {cfg.ram_budget_gb:g}" if cfg.ram_budget_gb else f"this machine has {have:.1f} GB free"
+    offload = " (the offloaded optimizer states and weights live there)" if cfg.offload_optimizer != "none" or \
+        cfg.offload_param != "none" else ""
+    message = (f"this run needs about {need:.1f} GB of host RAM{offload} but {where}; use a smaller model, offload "
+               "less, or set host_ram_check warn to try anyway")
+    if cfg.host_ram_check == "refuse":
+        raise ConfigError(message)
+    print(f"dsnb: warning: {message}")
+
+
+def check_nvme_path(path: str) -> None:
+    """The NVMe folder exists and is writable, and DeepSpeed's async I/O (libaio) can be built."""
+    if not os.path.isdir(path):
+        raise ConfigError(f"nvme_path {path!r} does not exist; create it on a fast local disk or set nvme_path")
+    if not _writable(path):
+        raise ConfigError(f"nvme_path {path!r} is not writable; pick a folder you can write to")
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        raise ConfigError("NVMe offload needs libaio for DeepSpeed's async I/O: run `apt-get install libaio-dev` "
+                          "(or use offload cpu)")
+    check_build_lock(AsyncIOBuilder(), "async I/O")
+    # DeepSpeed builds its async I/O op at run time and reads each architecture as digits ("9.0", "8.6+PTX");
+    # an entry such as "9.0a" makes that build fail with a bare ValueError (seen on an H200 image).
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    bad = [a for a in re.split(r"[;\s]+", arch) if a and not re.fullmatch(r"\d+\.\d+(\+PTX)?", a)]
+    if bad:
+        raise ConfigError(f"TORCH_CUDA_ARCH_LIST holds {bad[0]!r}, which DeepSpeed cannot build its NVMe I/O op for; "
+                          "set it to your GPU's compute capability, e.g. TORCH_CUDA_ARCH_LIST=9.0, or unset it")
+
+
+def op_built(builder, what: str) -> bool:
+    """Whether a DeepSpeed op is built (installed with DeepSpeed, or JIT-built here before); a stale build lock is
+    an error."""
+    import deepspeed.git_version_info as installed
+    from torch.utils.cpp_extension import _get_build_directory
+
+    check_build_lock(builder, what)
+    folder = _get_build_directory(builder.name, False)
+    return bool(installed.installed_ops.get(builder.name)) or os.path.isfile(os.path.join(folder, f"{builder.name}.so"))
+
+
+def check_build_lock(builder, what: str) -> None:
+    """A build killed part way leaves its lock behind, and every later run waits on it without a word."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = os.path.join(_get_build_directory(builder.name, False), "lock")
+    if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > STALE_BUILD_S:
+        raise ConfigError(f"{lock} is left from an interrupted build of DeepSpeed's {what} op, and the run would "
+                          "wait on it for ever; delete that file and run again")
+
+
+def prepare() -> None:
+    """What a fresh machine (Colab) needs once after installing: the GPU reported, DeepSpeed's CPU Adam built (which
+    the tutorial's offload variant uses), with how long it took."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        bf16 = "" if (props.major, props.minor) >= (8, 0) else " (no native bf16: use dtype fp16, or preset colab_t4)"
+        print(f"GPU: {props.name}, {props.total_memory / 2**30:.1f} GB, compute capability {props.major}.{props.minor}"
+              f"{bf16}")
+    else:
+        print("No GPU visible: on Colab pick Runtime > Change runtime type > GPU, or set DSNB_OFFLINE=1 to run offline "
+              "on the CPU")
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    if op_built(CPUAdamBuilder(), "CPU Adam"):
+        print("DeepSpeed's CPU Adam is built")
+        return
+    print(f"Building DeepSpeed's CPU Adam (optimizer offload needs it): about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, "
+          "once per machine ...", flush=True)
+    started = time.perf_counter()
+    CPUAdamBuilder().load(verbose=False)
+    print(f"DeepSpeed's CPU Adam built in {time.perf_counter() - started:.0f} s")
+
+
+def check_nvme_space(path: str, needed_mb: float) -> None:
+    free_mb = shutil.disk_usage(path).free / 2**20
+    if free_mb < needed_mb:
+        raise ConfigError(f"nvme_path {path} has {free_mb / 1024:.1f} GB free but this run offloads about "
+                          f"{needed_mb / 1024:.1f} GB; free space there or set nvme_path to a larger disk")
+
+
+def read_ds_config(cfg: RunConfig) -> dict:
+    """The user's own DeepSpeed JSON (ds_config_path), checked against the run's batch sizes."""
+    from .zero import check_batch_sizes
+
+    path = cfg.ds_config_path
+    if not os.path.isfile(path):
+        raise ConfigError(f"ds_config {path!r} does not exist; give a DeepSpeed JSON file or leave it empty")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"ds_config {path} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"ds_config {path} must hold a JSON object of DeepSpeed settings, not a "
+                          f"{type(config).__name__}")
+    check_batch_sizes(config, cfg, world_size())
+    return config

@@ -1,0 +1,101 @@
+"""A run's trained adapter (or model) as a product: saved to a folder, merged into its base model, pushed to the hub.
+
+    save_model(result, "my_adapter")                   # the LoRA adapter and tokenizer, loadable with peft
+    save_model(result, "my_model", merge=True)         # the base model with the adapter merged in, transformers only
+    push_to_hub("my_adapter", "me/bllossom-squad-lora", token)   # only with a repository and a token
+    python -m dsnb save --run_id ID -o my_adapter [--merge] [--push_to me/repo --token ...]
+
+A saved folder also holds dsnb_run.json: the run's id and whole config. The token is used for the push and
+nowhere else: never logged, printed or written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from .config import ConfigError, RunConfig, describe
+from .tracking import RunResult, mlflow_client
+
+
+def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
+    """Write the run's trained adapter (or fully fine-tuned model) to dest, a new folder; with merge, the LoRA
+    weights merged into the base model, saved whole. Returns dest."""
+    if os.path.exists(dest) and os.listdir(dest):
+        raise ConfigError(f"{dest} already exists and is not empty; give a new folder")
+    client = mlflow_client(result.tracking_uri)
+    run = client.get_run(result.run_id)
+    cfg = RunConfig.from_dict({k: v for k, v in run.data.params.items() if k in RunConfig.__dataclass_fields__})
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            model_dir = client.download_artifacts(result.run_id, "model", tmp)
+        except Exception as e:  # a run without save_model, or one that failed before saving
+            raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); train with save_model "
+                              "true") from None
+        lora = os.path.isfile(os.path.join(model_dir, "adapter_config.json"))
+        if merge and lora:
+            merged(cfg, model_dir, dest)
+        else:
+            shutil.copytree(model_dir, dest, dirs_exist_ok=True)
+    with open(os.path.join(dest, "dsnb_run.json"), "w") as f:
+        json.dump({"run_id": result.run_id, "merged": merge and lora, "config": cfg.to_dict()}, f, indent=2)
+    return dest
+
+
+def merged(cfg: RunConfig, adapter_dir: str, dest: str) -> None:
+    """The base model with the adapter's LoRA weights added in, saved with its tokenizer. Quantized bases are
+    merged in fp16 (bf16 where the run trained in bf16): LoRA deltas cannot be added exactly to 8-bit or 4-bit
+    weights."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .model import TORCH_DTYPES, resolve_model
+
+    dtype = getattr(torch, TORCH_DTYPES["fp16" if cfg.dtype == "fp16" and cfg.quantization != "none" else cfg.dtype])
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=dtype)
+    model = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    model.save_pretrained(dest)
+    AutoTokenizer.from_pretrained(adapter_dir).save_pretrained(dest)
+
+
+def load_saved(folder: str, dtype: str = "fp32"):
+    """(model, tokenizer) from a folder save_model wrote: an adapter on its base, or a whole model."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .model import TORCH_DTYPES, resolve_model
+
+    with open(os.path.join(folder, "dsnb_run.json")) as f:
+        cfg = RunConfig.from_dict(json.load(f)["config"])
+    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
+    if os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        base = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=torch_dtype)
+        model = PeftModel.from_pretrained(base, folder)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def check_push(repo: str, token: str | None) -> None:
+    """A push needs a repository (owner/name) and a token; checked before anything is saved."""
+    if not repo or repo.count("/") != 1 or not all(repo.split("/")):
+        raise ConfigError(f"push_to is {repo!r}; give a hub repository as owner/name")
+    if not token:
+        raise ConfigError("pushing to the hub needs a token: pass --token or set HF_TOKEN (it is never logged)")
+
+
+def push_to_hub(folder: str, repo: str, token: str | None) -> str:
+    """Upload a saved folder to a hub repository (created private if new); returns the repository."""
+    check_push(repo, token)
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo, private=True, exist_ok=True)
+        api.upload_folder(folder_path=folder, repo_id=repo, commit_message="dsnb: trained adapter")
+    except Exception as e:  # the message of a hub error never holds the token
+        raise ConfigError(f"could not push {folder} to {repo} ({describe(e)})") from None
+    return repo

@@ -1,0 +1,153 @@
+"""Several variants, one fresh process each, a failure never stopping the rest.
+
+    results = run_all(tutorial_pair(RunConfig(**OFFLINE)))    # launch.run_all: Without_DeepSpeed, With_DeepSpeed
+    results = run_sweep("variants/sweep_zero_stages.yaml")    # papermill: one fresh kernel per variant
+
+A sweep file (YAML, headed by the command that runs it):
+
+    notebook: notebooks/02_zero_stages.ipynb   # executed once per variant (relative to the YAML file)
+    base: {max_steps: 30}                      # fields every variant shares
+    variants:                                  # each: fields on top of base; run_name names the run
+      - {run_name: Without_DeepSpeed}
+      - {run_name: With_DeepSpeed, strategy: zero2, offload_optimizer: cpu}
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+from . import preflight, tracking
+from .config import OFFLINE_ENV, ConfigError, RunConfig, describe, read_yaml
+from .launch import SWEEP_RUN_ENV
+from .tracking import RunResult, mlflow_client
+
+SWEEP_KEYS = {"notebook", "base", "variants", "output_dir"}
+
+
+def compare(cfg: RunConfig, progress: bool = True) -> list[RunResult]:
+    """The tutorial's pair, each variant run cfg.runs_each times, interleaved so drift on a shared machine hits
+    both alike; report.compare_table and report.verdict pool the repeats."""
+    from .launch import run_all
+
+    pair, n = tutorial_pair(cfg), cfg.runs_each
+    return run_all([c for _ in range(n) for c in pair], progress=progress,
+                   tags=[{"repeat": str(i)} for i in range(n) for _ in pair])
+
+
+def quality_check(cfg: RunConfig, progress: bool = True) -> RunResult | None:
+    """The offline check that training teaches (the quality preset: synthetic:small learns the synthetic facts and
+    answers held-out paraphrases), logged to cfg's store and experiment; None where cfg.eval_samples is 0."""
+    from .launch import run_variant
+
+    if not cfg.eval_samples:
+        return None
+    return run_variant(RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri,
+                                          "experiment": cfg.experiment}), progress=progress)
+
+
+def tutorial_pair(cfg: RunConfig) -> list[RunConfig]:
+    """The tutorial's two runs on cfg's model and data: no DeepSpeed, then ZeRO-2 with CPU optimizer offload."""
+    return [cfg.replace(strategy="baseline", offload_optimizer="none", offload_param="none",
+                        run_name="Without_DeepSpeed"),
+            cfg.replace(strategy="zero2", offload_optimizer="cpu", offload_param="none", run_name="With_DeepSpeed")]
+
+
+def load_sweep(path: str, offline: bool = False, overrides: dict | None = None) -> tuple[str, list[RunConfig], str]:
+    """(notebook, configs, output folder) of a sweep file; every variant is validated before any runs."""
+    spec = read_yaml(path)
+    unknown = sorted(set(spec) - SWEEP_KEYS, key=str)
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]} is not a sweep key; use {', '.join(sorted(SWEEP_KEYS))}")
+    variants = spec.get("variants")
+    if not isinstance(variants, list) or not variants or not all(isinstance(v, dict) for v in variants) or \
+            not isinstance(spec.get("base") or {}, dict):
+        raise ConfigError(f"{path}: variants must be a non-empty list of field: value mappings (base one mapping)")
+    for key in ("notebook", "output_dir"):
+        if not isinstance(spec.get(key, ""), str) or key in spec and not spec[key].strip():
+            raise ConfigError(f"{path}: {key} must be a path")
+    notebook = os.path.join(os.path.dirname(os.path.abspath(path)),
+                            spec.get("notebook", "../notebooks/02_zero_stages.ipynb"))
+    if not os.path.isfile(notebook):
+        raise ConfigError(f"{path}: notebook {notebook} does not exist")
+    cfgs = []
+    for i, variant in enumerate(variants):
+        try:
+            cfgs.append(RunConfig.layered(spec.get("base") or {}, variant, overrides or {}, offline=offline))
+        except ConfigError as e:
+            raise ConfigError(f"{path}: variant {i + 1}: {e}") from None
+    names = [c.name for c in cfgs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: two variants share a run name; give each a distinct run_name")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return notebook, cfgs, spec.get("output_dir", os.path.join("sweeps", stem))
+
+
+def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
+              progress: bool = True) -> list[RunResult]:
+    """Execute the sweep's notebook with papermill once per variant, each in a fresh kernel.
+
+    Each executed notebook is saved under the output folder and logged to its MLflow run; a variant that
+    fails keeps its notebook and a FAILED run, and the sweep goes on.
+    """
+    import papermill
+    from tqdm.auto import tqdm
+
+    notebook, cfgs, out_dir = load_sweep(path, offline, overrides)
+    for cfg in cfgs:
+        preflight.check(cfg)
+    os.makedirs(out_dir, exist_ok=True)
+    sweep = os.path.splitext(os.path.basename(path))[0]
+    results = []
+    for cfg in tqdm(cfgs, desc=f"sweep {sweep}", unit="variant", disable=not progress):
+        name = cfg.name
+        done = finished_run(cfg, sweep)
+        if done is not None:  # a sweep started again skips what already finished and reruns the rest
+            if progress:
+                print(f"{name}: already FINISHED in run {done.info.run_id}; skipped")
+            results.append(RunResult.read(cfg.tracking_uri, done.info.run_id, skipped=True))
+            continue
+        run_id = tracking.create_run(cfg, tags={"sweep": sweep, "notebook": os.path.basename(notebook)})
+        executed = os.path.join(out_dir, f"{name}-{run_id[:8]}.ipynb")
+        error = None
+        # The kernel inherits this environment: it logs into the run opened here, and takes the
+        # parameters as given (the offline preset, if asked for, is already in them).
+        with _environ({SWEEP_RUN_ENV: run_id, OFFLINE_ENV: None}):
+            try:
+                papermill.execute_notebook(notebook, executed, parameters=cfg.to_dict(), kernel_name="python3",
+                                           cwd=os.getcwd(), progress_bar=False)
+            except Exception as e:  # PapermillExecutionError and kernel deaths alike: record and go on
+                error = e
+        client = mlflow_client(cfg.tracking_uri)
+        client.log_artifact(run_id, executed)
+        if error is not None:
+            client.set_tag(run_id, "notebook_error", describe(error, 500))
+            tracking.finish(run_id, cfg.tracking_uri, "FAILED")
+            if progress:
+                print(f"{name}: failed ({describe(error)}); notebook kept at {executed}")
+        results.append(RunResult.read(cfg.tracking_uri, run_id, notebook=executed))
+    return results
+
+
+def finished_run(cfg: RunConfig, sweep: str):
+    """The FINISHED run of this sweep with cfg's name and exactly cfg's params, if there is one.
+
+    User values (names) are compared here, not put into MLflow's filter string, where a quote would break it.
+    """
+    client = mlflow_client(cfg.tracking_uri)
+    for run in tracking.search(client, [tracking.experiment_id(cfg)], "attributes.status = 'FINISHED'"):
+        if run.data.tags.get("sweep") == sweep and run.info.run_name == cfg.name and tracking.same_config(run, cfg):
+            return run
+    return None
+
+
+@contextlib.contextmanager
+def _environ(changes: dict):
+    """Set (or, for None, remove) environment variables for the block, then restore them."""
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        for key, value in changes.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)

@@ -1,0 +1,335 @@
+"""MLflow tracking: a SQLite store in the working directory, one run per variant, nothing lost.
+
+    run_id = create_run(cfg)              # the parent process opens the run (RUNNING) ...
+    with tracked_run(cfg, run_id):        # ... the variant's own process logs into it, FAILED on error
+        ...
+    export_store("sqlite:///mlflow.db", "dsnb_mlflow.zip")
+    ui_command("sqlite:///mlflow.db")     # mlflow ui bound to 127.0.0.1
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import socket
+import sqlite3
+import sys
+import tempfile
+import traceback
+import zipfile
+from importlib import metadata
+
+from .config import ConfigError, RunConfig, describe
+
+ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
+PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "datasets", "mlflow",
+            "mlflow-skinny", "tokenizers", "GPUtil", "nvidia-ml-py", "papermill", "dsnb")
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One variant's MLflow run, as every runner (run_variant, run_all, sweeps, bench) returns it and every
+    report reads it."""
+
+    run_id: str
+    name: str
+    status: str  # FINISHED | FAILED | KILLED | RUNNING, as the store holds it
+    tracking_uri: str
+    metrics: dict
+    returncode: int | None = None  # the training process's exit code; None where no process ran
+    wall_seconds: float | None = None  # the training process, start to end
+    notebook: str | None = None  # a sweep variant's executed notebook
+    skipped: bool = False  # a sweep variant that had already finished
+
+    @classmethod
+    def read(cls, tracking_uri: str, run_id: str, **extra) -> "RunResult":
+        """The run as the store holds it now."""
+        run = mlflow_client(tracking_uri).get_run(run_id)
+        return cls(run_id, run.info.run_name, run.info.status, tracking_uri, dict(run.data.metrics), **extra)
+
+
+def sqlite_path(uri: str) -> str | None:
+    """The database file of a sqlite:/// URI, else None."""
+    return uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+
+
+def resolve_uri(uri: str) -> str:
+    """A sqlite:/// URI with an absolute path: MLflow caches stores by URI string, so a relative one
+    would keep writing to the first working directory's file after a chdir (a notebook's, a test's)."""
+    db = sqlite_path(uri)
+    return f"sqlite:///{os.path.abspath(db)}" if db is not None else uri
+
+
+def mlflow_client(uri: str):
+    """An MlflowClient for `uri`, relative SQLite paths resolved against the working directory now."""
+    from mlflow import MlflowClient
+
+    uri = resolve_uri(uri)
+    init_store(uri)
+    return MlflowClient(uri)
+
+
+_READY: set[str] = set()  # stores this process has already seen created
+
+
+def init_store(uri: str) -> None:
+    """Create a new SQLite store's tables under a file lock: two processes migrating one fresh file collide."""
+    db = sqlite_path(uri)
+    if db is None or uri in _READY:
+        return
+    import fcntl
+    import logging
+
+    from mlflow import MlflowClient
+
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables"
+    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    with open(db + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        MlflowClient(uri).search_experiments(max_results=1)
+    _READY.add(uri)
+
+
+def experiment_id(cfg: RunConfig) -> str:
+    """Point MLflow at cfg's store and return cfg.experiment's id, creating it beside the database."""
+    import mlflow
+
+    uri = resolve_uri(cfg.tracking_uri)
+    init_store(uri)
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.get_experiment_by_name(cfg.experiment)
+    if exp is not None and exp.lifecycle_stage == "deleted":
+        # Deleted in the UI (it only moves to the trash): restore it rather than fail on every later command.
+        mlflow_client(uri).restore_experiment(exp.experiment_id)
+        print(f"dsnb: experiment {cfg.experiment!r} had been deleted in MLflow; restored it with its runs "
+              "(to start afresh instead, set experiment to a new name)", file=sys.stderr)
+    if exp is not None:
+        return exp.experiment_id
+    db = sqlite_path(cfg.tracking_uri)
+    location = None
+    if db is not None:
+        location = os.path.join(os.path.dirname(os.path.abspath(db)), ARTIFACT_DIR)
+    try:
+        return mlflow.create_experiment(cfg.experiment, artifact_location=location)
+    except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent sweep
+        return mlflow.get_experiment_by_name(cfg.experiment).experiment_id
+
+
+def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = None) -> str:
+    """Open a RUNNING run named for cfg (or take the open run `run_id`), log the whole config as params."""
+    from mlflow.entities import Param, RunTag
+
+    experiment = experiment_id(cfg)
+    client = mlflow_client(cfg.tracking_uri)
+    if run_id is None:
+        mark_stale_runs(client)
+        owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid())}
+        run_id = client.create_run(experiment, run_name=cfg.name,
+                                   tags=owner).info.run_id
+    client.log_batch(run_id, params=[Param(k, str(v)) for k, v in cfg.to_dict().items()],
+                     tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+    return run_id
+
+
+@contextlib.contextmanager
+def tracked_run(cfg: RunConfig, run_id: str | None = None):
+    """The active MLflow run for this process (resumed by id, else new); FAILED if the block raises."""
+    import mlflow
+
+    run_id = run_id or create_run(cfg)
+    experiment_id(cfg)
+    with mlflow.start_run(run_id=run_id) as run:  # start_run ends it FAILED when the block raises
+        yield run
+
+
+def search(client, experiment_ids: list[str], filter_string: str = "", order_by: list[str] | None = None) -> list:
+    """Every run matching a filter of fixed attributes (never a user's value: names and paths are compared in
+    Python, since a quote in one would break MLflow's filter syntax), all pages."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string, max_results=1000, order_by=order_by,
+                                  page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def same_config(run, cfg: RunConfig) -> bool:
+    """Whether an MLflow run was started with exactly cfg (its other params are measurements)."""
+    return all(run.data.params.get(k) == str(v) for k, v in cfg.to_dict().items())
+
+
+def mark_stale_runs(client) -> list[str]:
+    """Mark KILLED the RUNNING runs whose owning process on this host is gone (killed before it could)."""
+    import psutil
+
+    stale = []
+    host = socket.gethostname()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    for run in search(client, experiments, "attributes.status = 'RUNNING'") if experiments else []:
+        tags = run.data.tags
+        if tags.get("dsnb.host") == host and tags.get("dsnb.pid") and not psutil.pid_exists(int(tags["dsnb.pid"])):
+            client.set_tag(run.info.run_id, "failure", "killed")
+            client.set_tag(run.info.run_id, "error", f"process {tags['dsnb.pid']} ended without closing this run")
+            client.set_terminated(run.info.run_id, status="KILLED")
+            stale.append(run.info.run_id)
+    return stale
+
+
+def finish(run_id: str, tracking_uri: str, status: str) -> None:
+    """Mark a run ended (FINISHED, FAILED or KILLED) if its process could not."""
+    client = mlflow_client(tracking_uri)
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_terminated(run_id, status=status)
+
+
+def what_was_recorded(tracking_uri: str, run_id: str | None) -> str:
+    """In words, what the store holds of a run that failed: never claim a record that is not there."""
+    if run_id is None:
+        return "another rank records it"
+    try:
+        status = mlflow_client(tracking_uri).get_run(run_id).info.status
+    except Exception as e:  # the store itself is what failed
+        return f"nothing could be read back from {tracking_uri} ({describe(e)})"
+    if status == "RUNNING":
+        return (f"its MLflow run {run_id} could not be closed and still shows RUNNING "
+                "(the next dsnb start marks it KILLED)")
+    return f"it is recorded as a {status} MLflow run ({run_id}) with its error"
+
+
+def log_json(obj, name: str) -> None:
+    """Log a JSON-serialisable object as an artifact of the active run."""
+    import mlflow
+
+    mlflow.log_text(json.dumps(obj, indent=2, default=str), name)
+
+
+def environment(device: str) -> dict:
+    """Package versions and the machine (GPU/CPU) a run used; no environment variables."""
+    import torch
+
+    env = {"python": sys.version.split()[0], "platform": platform.platform(), "processor": platform.processor(),
+           "cpu_count": os.cpu_count(), "device": device, "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+           "packages": {}}
+    for name in PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            env["packages"][name] = metadata.version(name)
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, gpu_memory_mb=props.total_memory // 2**20, cuda=torch.version.cuda,
+                   gpu_count=torch.cuda.device_count())
+    return env
+
+
+def export_store(tracking_uri: str, dest: str) -> str:
+    """Zip a SQLite store and its artifacts into `dest`, refusing to overwrite an existing file.
+
+    Artifact locations are rewritten to paths relative to the store's folder in the zipped copy, so
+    `mlflow ui` started in the unzipped folder finds every artifact on another machine.
+    """
+    db = sqlite_path(tracking_uri)
+    if db is None or not os.path.isfile(db):
+        raise FileNotFoundError(f"no SQLite store at {tracking_uri}; export works on sqlite:/// stores")
+    if os.path.exists(dest):
+        raise FileExistsError(f"{dest} already exists; give another file name or move it away")
+    root = os.path.dirname(os.path.abspath(db))
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "mlflow.db")
+        with sqlite3.connect(db) as src, sqlite3.connect(copy) as out:
+            src.backup(out)
+            prefixes = (f"file://{root}/", f"{root}/")
+            for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+                for prefix in prefixes:
+                    out.execute(f"UPDATE {table} SET {column} = substr({column}, ?) WHERE {column} LIKE ?",
+                                (len(prefix) + 1, prefix + "%"))
+        out.close()
+        with zipfile.ZipFile(dest + ".partial", "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.write(copy, "mlflow.db")
+            artifacts = os.path.join(root, ARTIFACT_DIR)
+            for folder, _, files in os.walk(artifacts):
+                for name in files:
+                    path = os.path.join(folder, name)
+                    zf.write(path, os.path.relpath(path, root))
+    os.replace(dest + ".partial", dest)
+    return dest
+
+
+def download_store(tracking_uri: str, drive_folder: str = "") -> str:
+    """Export the store to a zip nothing else holds (dsnb_mlflow.zip, else dsnb_mlflow-2.zip, ...) and hand it over:
+    Colab downloads it; with drive_folder (a mounted Google Drive folder) a copy goes there too. Returns the zip."""
+    import shutil
+
+    dest, n = "dsnb_mlflow.zip", 1
+    while os.path.exists(dest):
+        n += 1
+        dest = f"dsnb_mlflow-{n}.zip"
+    export_store(tracking_uri, dest)
+    if drive_folder:
+        os.makedirs(drive_folder, exist_ok=True)
+        shutil.copy(dest, os.path.join(drive_folder, os.path.basename(dest)))
+    if "COLAB_RELEASE_TAG" in os.environ:
+        try:
+            from google.colab import files
+        except ImportError:  # Colab's variable without Colab (a rehearsal): the zip stays where it is
+            return dest
+        files.download(dest)
+    return dest
+
+
+def open_store(tracking_uri: str) -> str:
+    """A store to read: a zip from download_store (uploaded to a new runtime, say) is unzipped beside itself once
+    and its SQLite file used; any other URI is returned as it is."""
+    if not tracking_uri.endswith(".zip"):
+        return tracking_uri
+    if not os.path.isfile(tracking_uri):
+        raise FileNotFoundError(f"{tracking_uri} does not exist; upload dsnb_mlflow.zip first (Colab: the Files pane)")
+    folder = tracking_uri[:-4]
+    if not os.path.isfile(os.path.join(folder, "mlflow.db")):
+        with zipfile.ZipFile(tracking_uri) as zf:
+            zf.extractall(folder)
+    return f"sqlite:///{os.path.abspath(folder)}/mlflow.db"
+
+
+def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:
+    """The command that opens the MLflow UI on this machine only (no auth: keep it off the network)."""
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host {host} --port {port}"
+
+
+def resumable_run(cfg: RunConfig) -> tuple[str, str]:
+    """(run id, last checkpoint) of the newest FAILED or KILLED run named like cfg's that left a checkpoint."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    experiment = experiment_id(cfg)
+    client = mlflow_client(cfg.tracking_uri)
+    mark_stale_runs(client)
+    runs = search(client, [experiment], "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
+                  order_by=["attributes.start_time DESC"])
+    for run in (r for r in runs if r.info.run_name == cfg.name):
+        folder = os.path.join(cfg.output_dir, run.info.run_id)
+        checkpoint = get_last_checkpoint(folder) if os.path.isdir(folder) else None
+        if checkpoint:
+            if not same_config(run, cfg):
+                raise ConfigError(f"run {cfg.name} ({run.info.run_id}) was started with another config; resume it "
+                                  "with the same fields, or drop --resume to start afresh")
+            return run.info.run_id, checkpoint
+    raise ConfigError(f"nothing to resume: no failed or killed run named {cfg.name} with a checkpoint under "
+                      f"{cfg.output_dir}/ (set checkpoint_steps to save them); run without --resume")
+
+
+def record_failure(error: BaseException, measured: dict) -> None:
+    """What a failed run measured, why it failed (oom, interrupted or the error's type) and its traceback, on
+    the active run. An interrupt (Ctrl-C, SIGTERM, the parent gone) ends the run KILLED, any other error FAILED."""
+    import mlflow
+    import torch
+
+    mlflow.log_metrics(measured)
+    oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+    interrupted = isinstance(error, KeyboardInterrupt)
+    failure = "oom" if oom else "interrupted" if interrupted else type(error).__name__
+    mlflow.set_tags({"failure": failure, "error": describe(error, 500)})
+    mlflow.log_text("".join(traceback.format_exception(error)), "error.txt")
+    if interrupted:
+        mlflow.end_run("KILLED")

@@ -1,0 +1,403 @@
+"""Training one variant in this process: plan, set up, fit, measure, record.
+
+    metrics = train(cfg)                                       # one MLflow run (rank 0 logs it)
+    metrics = train(cfg, run_id, checkpoint)                   # resume into that run (tracking.resumable_run)
+    print(describe_plan(cfg, plan(cfg)))                       # data and estimates, before any weight loads
+
+A failure is recorded on the run (FAILED, KILLED if interrupted, with what was measured so far and the
+error) and re-raised; ConfigError means the user must change something. launch.run_variant calls this in a
+child process, so no run's memory is counted in another's.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+
+from transformers import TrainerCallback
+
+from . import preflight, tracking
+from .config import RunConfig
+
+MFU_CONVENTION = "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"
+
+
+class Reporter:
+    """How a run tells its user how it goes: progress (step, steps, last logged loss) and short messages.
+
+    This one prints messages (the HF Trainer draws its own bar); launch gives a child process one that also
+    passes both to the parent's bar.
+    """
+
+    def step(self, step: int, total: int, loss: float | None) -> None:
+        pass
+
+    def say(self, text: str) -> None:
+        print(f"dsnb: {text}", flush=True)
+
+
+class Silent(Reporter):
+    """For the ranks other than 0: rank 0 speaks for the run."""
+
+    def say(self, text: str) -> None:
+        pass
+
+
+@dataclass
+class Plan:
+    """What a run will train on and what it should take, known before any weight loads."""
+
+    tokenizer: object
+    train_set: object
+    eval_rows: list
+    config: object  # the model's config
+    trainable: int
+    estimate: dict
+    truncated: int  # samples max_length cuts short
+
+
+def plan(cfg: RunConfig, world: int = 1) -> Plan:
+    """Read and check the data (training and held-out rows) and estimate the run's memory, loading no weights."""
+    from .data import build_dataset, load_records, truncated
+    from .estimate import estimate_memory, tokens_per_micro_batch, trainable_params
+    from .model import load_tokenizer, model_config
+
+    tokenizer = load_tokenizer(cfg)
+    train_set = build_dataset(cfg, tokenizer)
+    eval_rows = load_records(cfg, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    config = model_config(cfg.model)
+    trainable = trainable_params(cfg, config)
+    estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, train_set), world)
+    return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, train_set))
+
+
+def describe_plan(cfg: RunConfig, p: Plan) -> str:
+    """The plan in one paragraph: data, held-out questions, trainable weights, estimated GPU and host memory."""
+    est = p.estimate
+    tokens = sum(sum(m) for m in p.train_set["attention_mask"]) / len(p.train_set)
+    gpu = f"GPU peak about {est['est_peak_gpu_mb'] / 1024:.1f} GB" + (
+        f" (budget {cfg.memory_budget_gb:g} GB)" if cfg.memory_budget_gb else "")
+    host = f"host RAM about {est['est_peak_host_mb'] / 1024:.1f} GB" + (
+        f" (budget {cfg.ram_budget_gb:g} GB)" if cfg.ram_budget_gb else "")
+    lines = [f"{len(p.train_set)} samples of {tokens:.0f} real tokens on average, {len(p.eval_rows)} held-out "
+             f"questions; {p.trainable:,} trainable weights; estimate: {gpu}, {host}"]
+    if p.truncated:
+        lines.append(f"warning: max_length {cfg.max_length} cuts {p.truncated} of {len(p.train_set)} samples short "
+                     "(their answers lose tokens); raise max_length to keep them whole")
+    return "\n".join(lines)
+
+
+@dataclass
+class Quality:
+    """Greedy answers to held-out questions before and after training, with SQuAD's scores (evaluate.py)."""
+
+    rows: list
+    synced: bool  # ZeRO-3 over several processes: every rank generates together
+    reporter: Reporter
+    scores: dict = field(default_factory=dict)  # "before" / "after" -> exact_match, f1, tokens_per_second, seconds
+    answers: dict = field(default_factory=dict)  # "before" / "after" -> the answers, in row order
+
+    def score(self, when: str, model, tokenizer, cfg: RunConfig) -> None:
+        from .evaluate import answer_and_score
+
+        if self.rows:
+            self.scores[when], self.answers[when] = answer_and_score(model, tokenizer, cfg, self.rows, self.synced)
+            self.reporter.say(f"{when} training: exact match {self.scores[when]['exact_match']:.2f}, "
+                              f"F1 {self.scores[when]['f1']:.2f} on {len(self.rows)} held-out questions")
+
+    def metrics(self) -> dict:
+        out = {f"eval_{k}_before": v for k, v in self.scores.get("before", {}).items() if k in ("exact_match", "f1")}
+        out.update({f"eval_{k}": v for k, v in self.scores.get("after", {}).items()})
+        return out | ({"eval_questions": len(self.rows)} if self.scores else {})
+
+    def table(self) -> list[dict]:
+        return [{"question": r["question"], "gold": r["answers"]["text"],
+                 **{when: answers[i] for when, answers in self.answers.items()}} for i, r in enumerate(self.rows)]
+
+
+@dataclass
+class Session:
+    """What set_up builds for one run; fit, measure and record read it."""
+
+    cfg: RunConfig
+    device: str
+    world: int
+    log: bool  # this process records the MLflow run (rank 0)
+    run_dir: str  # checkpoints and the saved model, until they are logged
+    trainer: object
+    plan: Plan
+    timer: object
+    deepspeed: dict | None
+    counts: dict  # trainable_params and total_params, at full size
+    quality: Quality
+    gputil_before: float
+    reporter: Reporter
+
+    @property
+    def index(self) -> int:
+        return int(self.device.split(":")[1]) if ":" in self.device else 0
+
+
+def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = None,
+          reporter: Reporter | None = None) -> dict:
+    """Train cfg's variant here and log it to MLflow; return its metrics."""
+    from .metrics import PeakMemory
+
+    device = preflight.pick_device()
+    preflight.check(cfg, device)
+    if cfg.zero_stage is not None:
+        deepspeed_env(device)
+    log = preflight.is_rank0()
+    reporter = (reporter or Reporter()) if log else Silent()
+    # Under a multi-process launcher only rank 0 records the run.
+    session = None
+    with (tracking.tracked_run(cfg, run_id) if log else contextlib.nullcontext()) as run, PeakMemory(device) as mem:
+        try:
+            session = set_up(cfg, device, run.info.run_id if run else None, reporter)
+            if log:
+                record_start(session, checkpoint)
+            raw = fit(session, checkpoint)
+            mem.sample()
+            metrics, params = measure(session, raw, mem.summary())
+            if log:
+                record_end(session, metrics, params)
+            save(session)
+        except BaseException as e:
+            if run is not None:  # what it measured so far: peaks, and the throughput of the steps it finished
+                so_far = session.timer.throughput(gather=False) if session else {}
+                tracking.record_failure(e, {**mem.summary(), **so_far})
+            raise
+    return metrics
+
+
+def deepspeed_env(device: str) -> None:
+    """What DeepSpeed's launcher would set, for a single process started without it."""
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+
+
+def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) -> Session:
+    """Memory cap, DeepSpeed config, the Trainer's arguments, the plan (data, estimate), the model and the Trainer."""
+    from transformers import Trainer
+
+    from .data import BatchLog, collator
+    from .estimate import largest_weight
+    from .metrics import StepTimer, gputil_used_mb
+    from .model import count_parameters, load_model, model_config
+    from .zero import deepspeed_config
+
+    world = preflight.world_size()
+    cap_memory(cfg, device)
+    index = int(device.split(":")[1]) if ":" in device else 0
+    gputil_before = gputil_used_mb(index)
+    deepspeed = None
+    if cfg.zero_stage is not None:  # the model's largest weight sizes NVMe swap buffers only
+        largest = largest_weight(model_config(cfg.model)) if cfg.offload_param == "nvme" else 0
+        deepspeed = preflight.read_ds_config(cfg) if cfg.ds_config_path else deepspeed_config(cfg, world, largest)
+    run_dir = os.path.join(cfg.output_dir, run_id or "rank")
+    # The arguments come before the model: with ZeRO-3 they make transformers load each weight straight
+    # into its partition (on the CPU with parameter offload), across every rank. Loaded whole, the model
+    # would first be moved to one GPU by DeepSpeed: the 8B shape failed that way under a 15 GB budget.
+    args = training_arguments(cfg, device, deepspeed, run_dir, quiet=type(reporter) is not Reporter)
+    if cfg.zero_stage == 3:  # ZeRO-3's loading partitions over every rank, so the group must exist first
+        from deepspeed import init_distributed
+
+        init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
+    the_plan = plan(cfg, world)  # the data is read and checked before the model downloads
+    reporter.say(describe_plan(cfg, the_plan))
+    if cfg.uses_nvme:
+        preflight.check_nvme_space(cfg.nvme_path, the_plan.estimate["est_peak_cpu_offload_mb"])
+    model, tokenizer = load_model(cfg, device, the_plan.tokenizer)
+    trainable, total = count_parameters(model)
+    batches = BatchLog(collator(tokenizer, cfg))
+    timer = StepTimer(device, cfg.untimed_steps, batches)
+    quality = Quality(the_plan.eval_rows, cfg.zero_stage == 3 and world > 1, reporter)
+    trainer = Trainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
+                      processing_class=tokenizer)
+    # The "before" answers come once the model is placed (under ZeRO-3, once the engine's hooks can fetch it).
+    trainer.add_callback(StepCallback(timer, Progress(timer, reporter), log_curve if run_id else None,
+                                      lambda: quality.score("before", trainer.model, tokenizer, cfg)))
+    counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}
+    return Session(cfg, device, world, run_id is not None, run_dir, trainer, the_plan, timer, deepspeed, counts,
+                   quality, gputil_before, reporter)
+
+
+def cap_memory(cfg: RunConfig, device: str) -> None:
+    """The allocator refuses to grow past memory_budget_gb, so a run that needs more ends in an OOM error, as it
+    would on the smaller GPU (the CUDA context, ~0.5 GB, sits outside the cap)."""
+    if not cfg.memory_budget_gb:
+        return
+    import torch
+
+    total = torch.cuda.get_device_properties(device).total_memory
+    index = int(device.split(":")[1]) if ":" in device else 0
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_budget_gb * 2**30 / total), index)
+
+
+def training_arguments(cfg: RunConfig, device: str, deepspeed: dict | None, run_dir: str, quiet: bool):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=run_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
+        lr_scheduler_type="linear", warmup_steps=cfg.lr_warmup_steps, seed=cfg.seed, data_seed=cfg.seed,
+        optim="adamw_torch_fused" if cfg.torch_compile and device.startswith("cuda") else "adamw_torch",
+        fp16=cfg.dtype == "fp16", bf16=cfg.dtype == "bf16", use_cpu=device == "cpu",
+        logging_steps=cfg.logging_steps, logging_first_step=True, report_to="none",
+        save_strategy="steps" if cfg.checkpoint_steps else "no", save_steps=cfg.checkpoint_steps or 500,
+        deepspeed=deepspeed, ddp_backend="gloo" if device == "cpu" and deepspeed else None,
+        disable_tqdm=quiet, dataloader_num_workers=0,
+        # Batches copied from pinned memory without blocking: the host prepares the next step while the GPU works.
+        dataloader_pin_memory=device.startswith("cuda"), accelerator_config={"non_blocking": device.startswith("cuda")})
+
+
+def log_curve(step: int, logs: dict) -> None:
+    """The Trainer's loss records (loss, grad_norm, learning_rate) as MLflow metrics at their step."""
+    import mlflow
+
+    curve = {k: float(v) for k, v in logs.items() if k in ("loss", "grad_norm", "learning_rate")}
+    if curve:
+        mlflow.log_metrics(curve, step=step)
+
+
+class Progress:
+    """Passes each step to the reporter, and once the untimed steps are over, says how long the rest will take."""
+
+    def __init__(self, timer, reporter: Reporter):
+        self.timer, self.reporter, self.told = timer, reporter, False
+
+    def __call__(self, step: int, total: int, loss: float | None) -> None:
+        self.reporter.step(step, total, loss)
+        start = next((m for m in self.timer.marks if m[1] == self.timer.untimed_steps), None)
+        if not self.told and start and step > start[1] and step < total:
+            per_step = (time.perf_counter() - start[0]) / (step - start[1])
+            self.told = True
+            self.reporter.say(f"{per_step:.3g} s a step after {start[1]} untimed step(s): the {total - step} steps "
+                              f"left take about {per_step * (total - step) / 60:.1f} min")
+
+
+class StepCallback(TrainerCallback):
+    """Counts micro-batches, times steps, passes the loss records on and reports progress with the last logged loss.
+
+    The last step always logs its loss, as dsnb's compiled loop does, so a run's final loss means the same in
+    both loops whatever logging_steps is.
+    """
+
+    def __init__(self, timer, report, record, begin):
+        self.timer, self.report, self.record, self.begin, self.loss = timer, report, record, begin, None
+
+    def on_train_begin(self, args, state, control, **kw):
+        if not state.global_step:  # a resumed run starts mid-way, past "before"
+            self.begin()
+        self.timer.mark(state.global_step)
+
+    def on_substep_end(self, args, state, control, **kw):
+        self.timer.consume()
+
+    def on_step_end(self, args, state, control, **kw):
+        self.timer.consume()
+        self.timer.mark(state.global_step)
+        self.report(state.global_step, state.max_steps, self.loss)
+        if state.global_step >= state.max_steps:
+            control.should_log = True
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        self.loss = (logs or {}).get("loss", self.loss)
+        if self.record:
+            self.record(state.global_step, logs or {})
+
+
+def record_start(s: Session, checkpoint: str | None) -> None:
+    """Before training, so a run that dies still has its estimate and environment."""
+    import mlflow
+
+    mlflow.log_metrics(s.plan.estimate)
+    mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION})
+    if s.counts["truncated_samples"]:
+        mlflow.set_tag("data_warning", f"max_length {s.cfg.max_length} cuts {s.counts['truncated_samples']} samples "
+                                       "short")
+    tracking.log_json(tracking.environment(s.device), "environment.json")
+    if checkpoint:
+        mlflow.set_tag("resumed_from", checkpoint)
+
+
+def fit(s: Session, checkpoint: str | None) -> dict:
+    """Train, then answer the held-out questions; the Trainer's train() metrics (runtime, loss, samples/s),
+    whichever loop runs, without the time the "before" answers took."""
+    callback = s.trainer.callback_handler.callbacks[-1]
+    if s.cfg.torch_compile:
+        from .loop import train_compiled
+
+        raw = train_compiled(s.trainer, s.cfg, s.timer, callback.report,
+                             callback.record or (lambda step, logs: None), callback.begin)
+    else:
+        raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
+        before = s.quality.scores.get("before", {}).get("seconds", 0.0)
+        if before:  # the Trainer's clock ran through the "before" answers: take them out of its numbers
+            scale = raw["train_runtime"] / (raw["train_runtime"] - before)
+            raw.update(train_runtime=raw["train_runtime"] - before,
+                       train_samples_per_second=raw["train_samples_per_second"] * scale,
+                       train_steps_per_second=raw["train_steps_per_second"] * scale)
+    s.quality.score("after", s.trainer.model, s.trainer.processing_class, s.cfg)
+    return raw
+
+
+def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
+    """(metrics, params): the Trainer's numbers, memory peaks (every rank's), throughput, MFU, the estimate's error,
+    the held-out scores."""
+    from .metrics import flops_per_token, gather_ranks, gputil_used_mb, peak_flops
+
+    metrics = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}
+    metrics["train_runtime_sec"] = metrics["train_runtime"]
+    metrics["gpu_memory_used_mb"] = gputil_used_mb(s.index) - s.gputil_before
+    metrics.update(peaks if s.world == 1 else gather_ranks(peaks))
+    if metrics["peak_gpu_allocated_mb"]:
+        metrics["est_error_gpu"] = s.plan.estimate["est_peak_gpu_mb"] / metrics["peak_gpu_allocated_mb"] - 1
+    metrics["est_error_host"] = s.plan.estimate["est_peak_host_mb"] / metrics["peak_cpu_rss_mb"] - 1
+    metrics.update(s.timer.throughput())
+    metrics.update(s.quality.metrics())
+    flops, source = peak_flops(s.device)
+    per_token = flops_per_token(s.plan.config, s.counts["trainable_params"], full=s.cfg.lora_r == 0)
+    if "tokens_per_second" in metrics:
+        metrics["mfu"] = metrics["tokens_per_second"] * per_token / (flops * s.world)
+    params = {"peak_flops": f"{flops:.4g}", "peak_flops_source": source, "flops_per_token": f"{per_token:.4g}"}
+    return metrics, params
+
+
+def record_end(s: Session, metrics: dict, params: dict) -> None:
+    import mlflow
+
+    mlflow.log_metrics(metrics)
+    mlflow.log_params(params)
+    if s.quality.rows:
+        tracking.log_json(s.quality.table(), "answers.json")
+    if s.deepspeed is not None:
+        tracking.log_json(s.trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config, "deepspeed_config.json")
+    if s.cfg.torch_compile and os.path.isfile(os.environ.get("DSNB_PROFILE", "")):
+        mlflow.log_artifact(os.environ["DSNB_PROFILE"])
+
+
+def save(s: Session) -> None:
+    """The trained adapter (or model) to the run's artifacts, with a fingerprint of its logits (publish.py checks a
+    reloaded copy against it); the store is then its one copy."""
+    if s.cfg.save_model:
+        from .evaluate import probe_logit_norm
+
+        probe = probe_logit_norm(s.trainer.model, s.trainer.processing_class)  # every rank: ZeRO-3 gathers
+        s.trainer.save_model(os.path.join(s.run_dir, "model"))
+        if s.log:
+            import mlflow
+
+            mlflow.log_metric("probe_logit_norm", probe)
+            mlflow.log_artifacts(os.path.join(s.run_dir, "model"), "model")
+    if s.log:
+        shutil.rmtree(s.run_dir, ignore_errors=True)

@@ -1,0 +1,83 @@
+"""DeepSpeed configs as pure functions of a RunConfig (no I/O), checked against golden JSON files.
+
+    zero_section(2, offload_optimizer="cpu")
+    # -> {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    deepspeed_config(cfg, world_size=1)        # the whole config handed to TrainingArguments(deepspeed=...)
+
+Values the HF Trainer owns (learning rate, betas, clipping) stay "auto" here; the Trainer fills them
+in at run time and dsnb logs that resolved config with the run.
+"""
+from __future__ import annotations
+
+from .config import ConfigError, RunConfig
+
+
+def zero_section(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
+                 nvme_path: str = "/local_nvme") -> dict:
+    """The minimal `zero_optimization` block, as the tutorial writes it."""
+    zero: dict = {"stage": stage}
+    for key, device in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
+        if device != "none":
+            zero[key] = {"device": device, **({"nvme_path": nvme_path} if device == "nvme" else {})}
+    return {"zero_optimization": zero}
+
+
+def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 0) -> dict:
+    """The full DeepSpeed config for a ZeRO variant of `cfg` on `world_size` devices.
+
+    largest_weight: elements in the model's largest weight; parameters swapped to NVMe pass through
+    buffers that must hold it (DeepSpeed's default of 1e8 is smaller than a 128k-token embedding).
+    """
+    stage = cfg.zero_stage
+    if stage is None:
+        raise ValueError("the baseline strategy runs without DeepSpeed; it has no DeepSpeed config")
+    zero = zero_section(stage, cfg.offload_optimizer, cfg.offload_param, cfg.nvme_path)["zero_optimization"]
+    if stage >= 1:
+        # The tutorial's choice: gradients copied into one contiguous buffer as they are reduced.
+        zero["contiguous_gradients"] = True
+    if stage >= 2:
+        zero["overlap_comm"] = True
+    if stage == 3:
+        # Saving the trained model needs the partitioned weights gathered back into one state dict.
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    config = {
+        "train_batch_size": cfg.samples_per_step(world_size),
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "gradient_clipping": "auto",
+        "fp16": {"enabled": cfg.dtype == "fp16"},
+        "bf16": {"enabled": cfg.dtype == "bf16"},
+        "zero_optimization": zero,
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.offload_optimizer != "none":
+        # Offloaded state needs DeepSpeed's own (CPU) Adam; a client torch optimizer is refused.
+        config["optimizer"] = {"type": "AdamW", "params": {
+            "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+    if cfg.offload_param == "nvme":
+        zero["offload_param"]["buffer_size"] = max(100_000_000, largest_weight)
+        # A parameter ZeRO-3 keeps for reuse (by default anything reused within 1e9 elements: a whole small
+        # model) keeps its swap buffer too; from step 2 the 5 buffers run out ("Not enough buffers 0 for
+        # swapping 1", measured on the H200). Released after each use, a weight needs a buffer only in flight.
+        zero["stage3_max_reuse_distance"] = 0
+    if cfg.uses_nvme:
+        # ZeRO-Infinity swaps through libaio; these are DeepSpeed's documented defaults, made explicit.
+        config["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+                         "single_submit": False, "overlap_events": True}
+    return config
+
+
+def check_batch_sizes(config: dict, cfg: RunConfig, world_size: int = 1) -> None:
+    """Raise a ConfigError when a user-supplied DeepSpeed config disagrees with the run's batch sizes."""
+    want = {"train_micro_batch_size_per_gpu": cfg.batch_size,
+            "gradient_accumulation_steps": cfg.grad_accum,
+            "train_batch_size": cfg.samples_per_step(world_size)}
+    for key, value in want.items():
+        got = config.get(key, "auto")
+        if got != "auto" and got != value:
+            raise ConfigError(
+                f"{f'ds_config {cfg.ds_config_path}:' if cfg.ds_config_path else 'ds_config'} {key} is {got!r} but "
+                f"batch_size={cfg.batch_size}, "
+                f"grad_accum={cfg.grad_accum} "
+                f"on {world_size} device(s) give {value}; set it to {value} or \"auto\"")
