@@ -98,17 +98,17 @@ colab)  # what a Colab T4 user runs, on an H200 under the T4 preset (fp16, 15 GB
   prebuild synthetic:llama-3.2-3b
   mkdir -p /tmp/nb01
   # GPU 0: notebook 01 with the synthetic 3B shape, short runs repeated (a verdict against the run-to-run spread)
-  CUDA_VISIBLE_DEVICES=0 timeout 560 python3 -m papermill notebooks/01_deepspeed_vs_baseline.ipynb \
+  CUDA_VISIBLE_DEVICES=0 timeout 530 python3 -m papermill notebooks/01_deepspeed_vs_baseline.ipynb \
     "$OUT/notebook01_t4.ipynb" -k python3 --cwd /tmp/nb01 -p preset colab_t4 -p model synthetic:llama-3.2-3b \
     -p dataset synthetic -p max_steps 16 -p repeats 3 -p eval_samples 16 -p tracking_uri "$DB" \
     -p experiment notebook01_t4 > "$OUT/notebook01_t4.log" 2>&1 &
   # GPU 1: the fast recipe in fp16 as a T4 runs it, under the Trainer and compiled (loss scaler), same batches
   T4=("${B3[@]}" --preset colab_t4 --quantization none --padding bucket --batch_size 8 --grad_accum 1 --max_steps 40
       --untimed_steps 10 --logging_steps 1 --eval_samples 0 --experiment t4_fast)
-  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 -m dsnb run "${T4[@]}" --run_name t4_fp16_trainer > "$OUT/t4_trainer.log" 2>&1
-  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 -m dsnb run "${T4[@]}" --torch_compile true --run_name t4_fp16_compiled \
+  CUDA_VISIBLE_DEVICES=1 timeout 140 python3 -m dsnb run "${T4[@]}" --run_name t4_fp16_trainer > "$OUT/t4_trainer.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 timeout 170 python3 -m dsnb run "${T4[@]}" --torch_compile true --run_name t4_fp16_compiled \
     > "$OUT/t4_compiled.log" 2>&1
-  CUDA_VISIBLE_DEVICES=1 timeout 240 python3 -m dsnb bench --only fast_compiled,fast_zero2_compiled --repeats 1 \
+  CUDA_VISIBLE_DEVICES=1 timeout 210 python3 -m dsnb bench --only fast_compiled,fast_zero2_compiled --repeats 1 \
     --untimed 4 --steps 8 --out "$OUT/bench_colab" --tracking_uri "$DB" > "$OUT/bench_colab.log" 2>&1
   wait
   dump colab
