@@ -20,7 +20,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 DB=sqlite:////tmp/dsnb_gpu/mlflow.db
 mkdir -p /tmp/dsnb_gpu
-dump() { python3 benchmarks/dump_runs.py "$DB" 2>/dev/null > "$OUT/runs_$1.jsonl"; cat "$OUT/runs_$1.jsonl"; }
+dump() { python3 benchmarks/dump_runs.py "$DB" --tails "$OUT/tails_$1.txt" 2>/dev/null > "$OUT/runs_$1.jsonl"
+         python3 -c "import json,sys; [print(r['name'], r['status'], r['metrics'].get('samples_per_second'), r['metrics'].get('peak_gpu_allocated_mb'), r['metrics'].get('peak_cpu_rss_mb')) for r in map(json.loads, open(sys.argv[1]))]" "$OUT/runs_$1.jsonl"; }
 prebuild() { python3 -c "import sys; from dsnb.model import resolve_model; [resolve_model(m) for m in sys.argv[1:]]" "$@"; }
 B3=(--model synthetic:llama-3.2-3b --dataset synthetic --save_model false --tracking_uri "$DB")
 
@@ -115,9 +116,10 @@ colab)  # what a Colab T4 user runs, on an H200 under the T4 preset (fp16, 15 GB
   ;;
 speed)  # compiled DeepSpeed and full fine-tuning, two variants at a time (one per GPU), against the tutorial's recipe
   prebuild synthetic:llama-3.2-3b
-  timeout 560 python3 -m dsnb bench --gpus "$GPUS" --repeats 1 --untimed 4 --steps 8 --out "$OUT/bench_speed" \
-    --only tutorial,fast_compiled,fast_zero2_compiled,fast_zero3_compiled,full,full_compiled,full_zero2_compiled,full_zero3_compiled,full_zero3_offload_15gb \
-    --tracking_uri "$DB"
+  timeout 500 python3 -m dsnb bench --gpus "$GPUS" --repeats 1 --untimed 4 --steps 8 --out "$OUT/bench_speed" \
+    --only tutorial,fast_compiled,fast_zero2_compiled,full_compiled,full_zero2_compiled,full_zero3_compiled,full_zero3_offload_15gb,fast_zero3_compiled \
+    --tracking_uri "$DB" > "$OUT/bench_speed.log" 2>&1
+  tail -20 "$OUT/bench_speed.log"
   dump speed
   ;;
 *)

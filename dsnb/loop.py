@@ -14,9 +14,9 @@ Two ways to step:
 - no DeepSpeed: the compiled model, the Trainer's fused AdamW, clipping, and for fp16 a loss scaler
   (torch.amp.GradScaler), so a T4 (no bf16) gets the compiled speed too;
 - ZeRO-1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
-  its loss scaler), with its module compiled in place by engine.compile(). ZeRO-1/2 replay CUDA graphs;
-  ZeRO-3 fetches and releases parameters in hooks between graphs, so it compiles without them and with
-  dynamo's recompile limits raised for those hooks.
+  its loss scaler), with its module compiled in place by engine.compile().
+  ZeRO-3 fetches and releases parameters in hooks between graphs (compiled with dynamo's recompile limits raised
+  for those hooks); no CUDA graphs under DeepSpeed unless DSNB_ZERO_CUDAGRAPHS=1 asks for them at ZeRO-1/2.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import time
 
 LOG_FLUSH = 32  # logged steps kept on the device before one host read sends them to MLflow
 PROFILE_ENV = "DSNB_PROFILE"  # a file path: where the last untimed step's profile (top kernels, host vs GPU) goes
+ZERO_GRAPHS_ENV = "DSNB_ZERO_CUDAGRAPHS"  # "1": CUDA graphs for ZeRO-1/2 compiled steps too (see DeepSpeedStep)
 LOSS_SCALE_ENV = "DSNB_LOSS_SCALE"  # "1": the loss scaler on an fp32 run, to check its math where fp16 cannot run
 
 
@@ -162,8 +163,10 @@ class DeepSpeedStep:
         self.device = self.engine.device
         self.world = self.engine.world_size
         cuda = torch.device(self.device).type == "cuda"
-        # CUDA graphs need fixed parameter storage: ZeRO-1/2 keep it, ZeRO-3 swaps it on every fetch.
-        mode = "reduce-overhead" if cuda and cfg.zero_stage < 3 else None
+        # CUDA graphs need fixed parameter storage and no collective inside a captured graph: ZeRO-3 swaps storage on
+        # every fetch, and ZeRO-1/2 reduce gradients from hooks; a first ZeRO-2 step under "reduce-overhead" did not
+        # finish within 100 s on the H200. DSNB_ZERO_CUDAGRAPHS=1 tries them for ZeRO-1/2 anyway.
+        mode = "reduce-overhead" if cuda and cfg.zero_stage < 3 and os.environ.get(ZERO_GRAPHS_ENV) == "1" else None
         self.engine.compile(compile_kwargs={"mode": mode, "dynamic": False} if mode else {"dynamic": False})
         self.cuda = cuda and mode is not None
         self.engine.train()
