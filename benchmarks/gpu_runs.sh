@@ -10,6 +10,7 @@
 #   OUT=out bash benchmarks/gpu_runs.sh colab        # notebook 01 under the colab_t4 preset (GPU 0) beside the T4
 #                                                    # fast recipe in fp16 and compiled DeepSpeed variants (GPU 1)
 #   OUT=out bash benchmarks/gpu_runs.sh speed        # the bench's compiled ZeRO and full fine-tuning variants
+#   OUT=out bash benchmarks/gpu_runs.sh last         # the same, one `dsnb run` each, with stacks of a hung step
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -121,6 +122,20 @@ speed)  # compiled DeepSpeed and full fine-tuning, two variants at a time (one p
     --tracking_uri "$DB" > "$OUT/bench_speed.log" 2>&1
   tail -20 "$OUT/bench_speed.log"
   dump speed
+  ;;
+last)  # one variant a command, each with its own limit, both GPUs busy; a hung first step dumps its Python stacks
+  prebuild synthetic:llama-3.2-3b
+  one() { local gpu=$1 name=$2 limit=$3; shift 3
+    CUDA_VISIBLE_DEVICES=$gpu PYTHONFAULTHANDLER=1 timeout -s ABRT "$limit" python3 -m dsnb run \
+      $(python3 benchmarks/bench_flags.py "$name" 4 8) --tracking_uri "$DB" "$@" > "$OUT/$name.log" 2>&1
+    echo "$name exit $?"; }
+  T4=("${B3[@]}" --preset colab_t4 --quantization none --padding bucket --batch_size 8 --grad_accum 1 --max_steps 12
+      --untimed_steps 4 --eval_samples 0 --experiment t4_fast --run_name t4_fp16_trainer_device_map)
+  (one 0 fast_zero2_compiled 170; one 0 full_zero3_compiled 230
+   CUDA_VISIBLE_DEVICES=0 timeout 60 python3 -m dsnb run "${T4[@]}" > /dev/null 2>&1; echo "t4 exit $?") &
+  (one 1 full_zero2_compiled 170; one 1 full_zero3_offload_15gb 240; one 1 full 70) &
+  wait
+  dump last
   ;;
 *)
   echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed [more]" >&2
