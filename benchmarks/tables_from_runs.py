@@ -58,6 +58,24 @@ def bench() -> None:
 
 
 
+def table(listing: str, names: list[str], stem: str, command: str, untimed: int, steps: int, side_by_side: int,
+          base: str) -> None:
+    """A bench-shaped table of some runs of a listing (the last run of each name), ratios to `base`."""
+    runs = {r.name: r for r in read_runs(listing)}
+    rows = [summarize(name, [runs[name]]) for name in names if name in runs]
+    ref = next(r for r in rows if r["name"] == base)
+    for row in rows:
+        row["ratio_to_tutorial"] = row["samples_per_second"] / ref["samples_per_second"] \
+            if row["samples_per_second"] else None
+    result = {"gpu": "NVIDIA H200", "command": command, "untimed_steps": untimed, "timed_steps": steps,
+              "gpus_side_by_side": side_by_side, "mfu_convention": "model FLOPs per real token (6N full, 4N + "
+              "6N_trainable LoRA; N = matmul weights) / dense bf16 datasheet peak (989 TFLOP/s)", "variants": rows}
+    with open(os.path.join(HERE, f"{stem}.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(HERE, f"{stem}.md"), "w") as f:
+        f.write(bench_markdown(result).replace("| vs tutorial |", f"| vs {base} |") + notes(f"{stem}.md"))
+
+
 def capacity(listings: list[str], spec: str, stem: str, command: str) -> None:
     """The capacity file's cells in its order, each with the last run of its name in the listings (a cell
     measured again replaces its earlier run); cells with no run are left out."""
@@ -97,6 +115,12 @@ def multi_gpu_bars() -> None:
 
 if __name__ == "__main__":
     bench()
+    table("speed.jsonl", ["full", "full_compiled", "full_zero2_compiled", "full_zero2_compiled_2gpu",
+                          "full_zero3_compiled", "full_zero3_offload_15gb", "fast_zero2_compiled", "tutorial"],
+          "deepspeed_compiled_h200", "OUT=out bash benchmarks/gpu_runs.sh last   (and the speed stage before it: "
+          "h200_runs/speed.jsonl)", 4, 8, 2, "full")
+    table("colab.jsonl", ["t4_fp16_trainer", "t4_fp16_compiled", "fast_compiled"], "colab_t4_h200",
+          "OUT=out bash benchmarks/gpu_runs.sh colab   (h200_runs/colab.jsonl)", 10, 30, 2, "t4_fp16_trainer")
     capacity(["capacity.jsonl", "capacity_zero3.jsonl", "big.jsonl"], "variants/capacity_map.yaml", "capacity_map_h200",
              "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.jsonl, "
              "then capacity_zero3.jsonl and big.jsonl)")
