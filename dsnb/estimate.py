@@ -141,7 +141,7 @@ def host_ram_mb(cfg: RunConfig, config, trainable: int, world_size: int = 1, map
 
 def stored_bytes(config) -> int:
     """Bytes per parameter in the model's files (its config's dtype; 2 where it names none)."""
-    dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
+    dtype = str(getattr(config, "dtype", None) or "bfloat16")
     return 4 if "float32" in dtype else 2
 
 

@@ -1,4 +1,5 @@
 import os
+import time
 
 import pytest
 
@@ -23,3 +24,48 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+# A variant that trains for minutes unless stopped: the interrupt tests stop it once it has logged a few steps.
+LONG = dict(model="synthetic:tiny", dataset="synthetic", num_samples=64, dtype="fp32", max_length=128,
+            max_steps=5000, logging_steps=1, save_model=False, eval_samples=0, quantization="none", repeats=1)
+
+
+def wait_for_training(uri: str, name: str, timeout: float = 240):
+    """The run named `name` once it has logged a few steps' loss."""
+    from dsnb.tracking import mlflow_client  # under dsnb's lock: a client of its own would race dsnb's table set-up
+
+    client = None
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        client = client or (mlflow_client(uri) if os.path.exists(uri[10:]) else None)
+        exps = [e.experiment_id for e in client.search_experiments()] if client else []
+        runs = [r for r in client.search_runs(exps) if r.info.run_name == name] if exps else []
+        if runs and len(client.get_metric_history(runs[0].info.run_id, "loss")) >= 3:
+            return runs[0]
+        time.sleep(0.5)
+    pytest.fail(f"{name} did not start training within {timeout} s")
+
+
+def assert_killed_with_what_it_measured(uri: str, run_id: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    deadline = time.time() + 120
+    while client.get_run(run_id).info.status == "RUNNING" and time.time() < deadline:
+        time.sleep(0.5)
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags.get("failure") == "interrupted", run.info
+    assert run.data.metrics["peak_cpu_rss_mb"] > 100 and run.data.metrics["samples_per_second"] > 0
+    assert "train.log" in {a.path for a in client.list_artifacts(run_id)}
+    log = open(client.download_artifacts(run_id, "train.log")).read()
+    assert "dsnb: interrupted" in log  # the child's own record of being stopped
+
+
+def no_child_left(marker: str):
+    import psutil
+
+    alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert not alive, alive
+
+

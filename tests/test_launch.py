@@ -9,45 +9,13 @@ import sys
 import time
 
 import mlflow
-import psutil
 import pytest
+
+from conftest import LONG, assert_killed_with_what_it_measured, no_child_left, wait_for_training
 
 from dsnb.config import OFFLINE
 
 pytestmark = pytest.mark.integration
-LONG = dict(OFFLINE, max_steps=5000, logging_steps=1, save_model=False, eval_samples=0, quantization="none",
-            repeats=1)
-
-
-def wait_for_training(uri: str, name: str, timeout: float = 240):
-    """The run named `name` once it has logged a few steps' loss."""
-    client = mlflow.MlflowClient(uri)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        exps = [e.experiment_id for e in client.search_experiments()] if os.path.exists(uri[10:]) else []
-        runs = [r for r in client.search_runs(exps) if r.info.run_name == name] if exps else []
-        if runs and len(client.get_metric_history(runs[0].info.run_id, "loss")) >= 3:
-            return runs[0]
-        time.sleep(0.5)
-    pytest.fail(f"{name} did not start training within {timeout} s")
-
-
-def assert_killed_with_what_it_measured(uri: str, run_id: str):
-    client = mlflow.MlflowClient(uri)
-    deadline = time.time() + 120
-    while client.get_run(run_id).info.status == "RUNNING" and time.time() < deadline:
-        time.sleep(0.5)
-    run = client.get_run(run_id)
-    assert run.info.status == "KILLED" and run.data.tags.get("failure") == "interrupted", run.info
-    assert run.data.metrics["peak_cpu_rss_mb"] > 100 and run.data.metrics["samples_per_second"] > 0
-    assert "train.log" in {a.path for a in client.list_artifacts(run_id)}
-    log = open(client.download_artifacts(run_id, "train.log")).read()
-    assert "dsnb: interrupted" in log  # the child's own record of being stopped
-
-
-def no_child_left(marker: str):
-    alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
-    assert not alive, alive
 
 
 def test_jupyter_interrupt_stops_the_running_variant(workdir):
@@ -106,3 +74,22 @@ def test_ctrl_c_in_a_terminal_ends_the_run_killed(workdir):
     assert run.info.status == "KILLED" and run.data.tags["failure"] == "interrupted"
     assert run.data.metrics["peak_cpu_rss_mb"] > 100 and "error.txt" in {a.path for a in
                                                                         client.list_artifacts(run.info.run_id)}
+
+
+def test_a_variant_whose_parent_is_killed_stops_itself(workdir):
+    """SIGKILL to the process that started a variant (a kernel killed, a terminal closed): no orphan trains on."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    code = ("import dsnb; dsnb.run_all([dsnb.RunConfig(**%r, tracking_uri=%r, run_name='orphan')], progress=False)"
+            % (LONG, uri))
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=workdir, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    run = wait_for_training(uri, "orphan")
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 120
+    client = mlflow.MlflowClient(uri)
+    while client.get_run(run.info.run_id).info.status == "RUNNING" and time.time() < deadline:
+        time.sleep(0.5)
+    finished = client.get_run(run.info.run_id)
+    assert finished.info.status == "KILLED" and finished.data.tags["failure"] == "interrupted"
+    no_child_left(str(workdir))

@@ -64,3 +64,10 @@ def test_zero3_loads_each_weight_into_its_partition_and_counts_it_whole(monkeypa
     assert all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters())
     assert count_parameters(model) == count_parameters(plain)
     del loading
+
+
+def test_a_misspelled_lora_target_is_an_error_not_a_dropped_adapter():
+    # peft adapts q_proj and quietly drops v_projx when another name matches; dsnb names it.
+    with pytest.raises(ConfigError, match="lora_targets 'q_proj,v_projx': v_projx matches no module of synthetic:tiny; "
+                                          "its linear layers are .*v_proj"):
+        load_model(RunConfig(**dict(OFFLINE, quantization="none", lora_targets="q_proj,v_projx")), "cpu")

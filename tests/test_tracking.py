@@ -12,7 +12,7 @@ import mlflow
 import pytest
 
 from dsnb.config import OFFLINE, RunConfig
-from dsnb.tracking import create_run, export_store
+from dsnb.tracking import create_run, export_store, mlflow_client
 
 pytestmark = pytest.mark.integration
 SECRET = "hf_dsnbTestSecretValue1234567890"
@@ -117,10 +117,10 @@ def test_resume_continues_a_killed_zero2_run_into_the_same_run(workdir):
              "--run_name", "resumable", "--save_model", "false"]
     child = subprocess.Popen([sys.executable, "-m", "dsnb", "run", *flags], cwd=workdir,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
-    run = None
+    client, run = None, None
     while child.poll() is None:  # kill it hard once step 3 is logged: checkpoint-2 is on disk
         if run is None and (workdir / "mlflow.db").exists():
+            client = mlflow_client(f"sqlite:///{workdir}/mlflow.db")  # dsnb's lock: no race with its table set-up
             exp = client.get_experiment_by_name("DeepSpeed_Comparison")
             run = next(iter(client.search_runs([exp.experiment_id]) if exp else []), None)
         if run is not None and any(m.step >= 3 for m in client.get_metric_history(run.info.run_id, "loss")):
