@@ -11,6 +11,7 @@
 #                                                    # fast recipe in fp16 and compiled DeepSpeed variants (GPU 1)
 #   OUT=out bash benchmarks/gpu_runs.sh speed        # the bench's compiled ZeRO and full fine-tuning variants
 #   OUT=out bash benchmarks/gpu_runs.sh last         # the same, one `dsnb run` each, with stacks of a hung step
+#   OUT=out bash benchmarks/gpu_runs.sh profile      # one profiled step of the LoRA recipes that miss their targets
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -137,8 +138,17 @@ last)  # one variant a command, each with its own limit, both GPUs busy; a hung 
   wait
   dump last
   ;;
+profile)  # where a step of the fast recipe (target 400 samples/s) and of its ZeRO-2 twin (target 1.25x) goes
+  prebuild synthetic:llama-3.2-3b
+  for name in fast_compiled fast_zero2_compiled; do
+    DSNB_PROFILE=$OUT/profile_$name.txt timeout 200 python3 -m dsnb run $(python3 benchmarks/bench_flags.py "$name" 8 24) \
+      --tracking_uri "$DB" --run_name "profile_$name" > "$OUT/profile_$name.log" 2>&1
+    echo "$name exit $?"; head -1 "$OUT/profile_$name.txt"
+  done
+  dump profile
+  ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile [more]" >&2
   exit 2
   ;;
 esac

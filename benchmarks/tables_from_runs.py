@@ -121,6 +121,8 @@ if __name__ == "__main__":
           "h200_runs/speed.jsonl)", 4, 8, 2, "full")
     table("colab.jsonl", ["t4_fp16_trainer", "t4_fp16_compiled", "fast_compiled"], "colab_t4_h200",
           "OUT=out bash benchmarks/gpu_runs.sh colab   (h200_runs/colab.jsonl)", 10, 30, 2, "t4_fp16_trainer")
+    table("profile.jsonl", ["profile_fast_compiled", "profile_fast_zero2_compiled"], "profile_lora_h200",
+          "OUT=out bash benchmarks/gpu_runs.sh profile   (h200_runs/profile.jsonl)", 8, 24, 1, "profile_fast_compiled")
     capacity(["capacity.jsonl", "capacity_zero3.jsonl", "big.jsonl"], "variants/capacity_map.yaml", "capacity_map_h200",
              "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.jsonl, "
              "then capacity_zero3.jsonl and big.jsonl)")

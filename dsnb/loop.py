@@ -220,9 +220,15 @@ def flush(pending: list, on_log) -> float | None:
 
 
 def write_profile(profiler, path: str, step: int, wall_ms: float) -> None:
-    """One step's profile: its wall time, then the top operators with torch's CPU and GPU totals."""
+    """One step's profile: its wall time against the GPU's busy time, then the top operators by GPU time and by host
+    time (a step whose GPU sits idle is host-bound: the second table says where the host's time goes)."""
     events = profiler.key_averages()
-    gpu = any(e.self_device_time_total for e in events)
+    # Device-side events only (kernels, copies), as torch's own total: a host op or a compiled graph's annotation
+    # carries its kernels' time again.
+    gpu_ms = sum(e.self_device_time_total for e in events
+                 if e.device_type.name != "CPU" and not e.is_user_annotation) / 1000
     with open(path, "w") as f:
-        f.write(f"step {step}: wall {wall_ms:.1f} ms (GPU busy time: 'Self CUDA time total' below)\n\n")
-        f.write(events.table(sort_by="self_device_time_total" if gpu else "self_cpu_time_total", row_limit=30))
+        f.write(f"step {step}: wall {wall_ms:.1f} ms, GPU kernels {gpu_ms:.1f} ms (annotations left out)\n\n")
+        if gpu_ms:
+            f.write("By GPU time:\n" + events.table(sort_by="self_device_time_total", row_limit=30) + "\n\n")
+        f.write("By host time:\n" + events.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")

@@ -71,8 +71,11 @@ def test_fast_recipe_keeps_the_math(tmp_path):
     assert real[0] == pytest.approx(real[1])  # the same real tokens, only the padding differs
 
 
-def test_compiled_loop_keeps_the_trainers_math(tmp_path):
-    """dsnb's compiled loop (bucket or packed batches, 2 x 2 accumulation) logs the Trainer's loss curve."""
+def test_compiled_loop_keeps_the_trainers_math(tmp_path, monkeypatch):
+    """dsnb's compiled loop (bucket or packed batches, 2 x 2 accumulation) logs the Trainer's loss curve; DSNB_PROFILE
+    writes one step's profile."""
+    profile = tmp_path / "step.txt"
+    monkeypatch.setenv("DSNB_PROFILE", str(profile))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
                   grad_accum=2, num_samples=4, eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False,
@@ -92,6 +95,8 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path):
     real = [r.metrics["real_tokens_per_sample"] for r in results]
     assert real[1] == pytest.approx(real[0]) and real[2] == pytest.approx(real[0])
     assert all(r.metrics["tokens_per_second"] > 0 for r in results)
+    text = profile.read_text()
+    assert text.startswith("step 1: wall ") and "By host time:" in text and "aten::" in text
 
 
 def test_compiled_deepspeed_keeps_the_trainers_math(tmp_path, monkeypatch):

@@ -29,8 +29,10 @@ RULES = """Against a budget of B GB a run:
 - no where its tensors alone (the allocator's peak) exceed B;
 - tight in between: it fits only if the caching allocator gives memory back. Settle it with
   `python -m dsnb run ... --memory_budget_gb B`, which ends FAILED (failure=oom) if it does not fit;
-- no RAM where the budget names host RAM too (Colab's free tier: 12.7 GB) and the run's resident memory
-  (offloaded optimizer states and weights included) exceeded it, whatever its GPU needed;
+- no RAM where the budget names host RAM too (Colab's free tier: 12.7 GB) and the run's anonymous host memory
+  (offloaded optimizer states and weights included; runs that did not record it: its whole resident memory,
+  memory-mapped weight files included, so those cells err on the side of "no") exceeded it, whatever its GPU
+  needed;
 - failed where the run itself failed (see its MLflow run)."""
 
 
@@ -114,7 +116,8 @@ def fit(status: str, metrics: dict, budget: Budget) -> str:
     """fits | tight | no | no RAM | failed for one run against one budget (see RULES)."""
     if status != "FINISHED":
         return "failed"
-    if budget.ram_gb and metrics.get("peak_cpu_rss_mb", 0) > budget.ram_gb * 1024:
+    host = metrics.get("peak_cpu_anon_mb", metrics.get("peak_cpu_rss_mb", 0))  # RSS where no anonymous peak was read
+    if budget.ram_gb and host > budget.ram_gb * 1024:
         return "no RAM"
     if metrics.get("peak_gpu_nvml_mb", 0) <= budget.gpu_gb * 1024:
         return "fits"

@@ -33,7 +33,9 @@ longest sample otherwise. The CUDA context (~0.5 GB) is outside the allocator an
 
 Host RAM (the process's resident memory), fitted to the H200 runs of the 1B, 3B and 8B shapes
 (benchmarks/estimate_vs_measured.py): about 1.1 GB of libraries and CUDA, plus the weights file as stored
-(it is read through memory maps: every page read counts), plus, offloaded, 22 bytes per trainable parameter
+(it is read through memory maps: every page read counts in the resident size, though the kernel can drop
+those pages, so the check before loading refuses only on the rest, and warns on the whole), plus, offloaded,
+22 bytes per trainable parameter
 (DeepSpeed's fp32 master weights, Adam moments and gradients, and its pinned buffers) and 1.5 times the
 weights' bytes for ZeRO-3's parameters kept in CPU RAM. Per process; ranks on one machine add up.
 """
@@ -125,10 +127,11 @@ def weight_bytes(cfg: RunConfig, config, trainable: int) -> tuple[float, int]:
     return (weights if full else weights + trainable * 4), load_bytes
 
 
-def host_ram_mb(cfg: RunConfig, config, trainable: int, world_size: int = 1) -> float:
-    """One process's peak resident host memory (see the module's docstring for the fitted terms)."""
+def host_ram_mb(cfg: RunConfig, config, trainable: int, world_size: int = 1, mapped: bool = True) -> float:
+    """One process's peak resident host memory (see the module's docstring for the fitted terms); without `mapped`,
+    the weights file's memory-mapped pages (which the kernel can drop under pressure) are left out."""
     weights, _ = weight_bytes(cfg, config, trainable)
-    host = PROCESS_BASE_MB * MB + total_params(config) * stored_bytes(config)
+    host = PROCESS_BASE_MB * MB + (total_params(config) * stored_bytes(config) if mapped else 0)
     if cfg.offload_optimizer != "none":
         host += OFFLOADED_BYTES_PER_TRAINABLE * trainable / world_size
     if cfg.offload_param != "none":
@@ -138,7 +141,7 @@ def host_ram_mb(cfg: RunConfig, config, trainable: int, world_size: int = 1) -> 
 
 def stored_bytes(config) -> int:
     """Bytes per parameter in the model's files (its config's dtype; 2 where it names none)."""
-    dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
+    dtype = str(getattr(config, "dtype", None) or "bfloat16")
     return 4 if "float32" in dtype else 2
 
 

@@ -158,6 +158,8 @@ def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1,
 
     for cfg in {(c.tracking_uri, c.experiment): c for c in cfgs}.values():
         tracking.experiment_id(cfg)  # each store and experiment exists before runs start side by side
+    for cfg in cfgs:  # here, before any thread: two threads' first imports of transformers raced on the H200
+        preflight.check(cfg)
     free = free_gpus(gpus)
     bar = tqdm(total=len(cfgs), desc="variants", unit="variant", disable=not progress or len(cfgs) < 2)
 

@@ -14,9 +14,9 @@ Two ways to step:
 - no DeepSpeed: the compiled model, the Trainer's fused AdamW, clipping, and for fp16 a loss scaler
   (torch.amp.GradScaler), so a T4 (no bf16) gets the compiled speed too;
 - ZeRO-1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
-  its loss scaler), with its module compiled in place by engine.compile(). ZeRO-1/2 replay CUDA graphs;
-  ZeRO-3 fetches and releases parameters in hooks between graphs, so it compiles without them and with
-  dynamo's recompile limits raised for those hooks.
+  its loss scaler), with its module compiled in place by engine.compile().
+  ZeRO-3 fetches and releases parameters in hooks between graphs (compiled with dynamo's recompile limits raised
+  for those hooks); no CUDA graphs under DeepSpeed unless DSNB_ZERO_CUDAGRAPHS=1 asks for them at ZeRO-1/2.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import time
 
 LOG_FLUSH = 32  # logged steps kept on the device before one host read sends them to MLflow
 PROFILE_ENV = "DSNB_PROFILE"  # a file path: where the last untimed step's profile (top kernels, host vs GPU) goes
+ZERO_GRAPHS_ENV = "DSNB_ZERO_CUDAGRAPHS"  # "1": CUDA graphs for ZeRO-1/2 compiled steps too (see DeepSpeedStep)
 LOSS_SCALE_ENV = "DSNB_LOSS_SCALE"  # "1": the loss scaler on an fp32 run, to check its math where fp16 cannot run
 
 
@@ -162,8 +163,10 @@ class DeepSpeedStep:
         self.device = self.engine.device
         self.world = self.engine.world_size
         cuda = torch.device(self.device).type == "cuda"
-        # CUDA graphs need fixed parameter storage: ZeRO-1/2 keep it, ZeRO-3 swaps it on every fetch.
-        mode = "reduce-overhead" if cuda and cfg.zero_stage < 3 else None
+        # CUDA graphs need fixed parameter storage and no collective inside a captured graph: ZeRO-3 swaps storage on
+        # every fetch, and ZeRO-1/2 reduce gradients from hooks; a first ZeRO-2 step under "reduce-overhead" did not
+        # finish within 100 s on the H200. DSNB_ZERO_CUDAGRAPHS=1 tries them for ZeRO-1/2 anyway.
+        mode = "reduce-overhead" if cuda and cfg.zero_stage < 3 and os.environ.get(ZERO_GRAPHS_ENV) == "1" else None
         self.engine.compile(compile_kwargs={"mode": mode, "dynamic": False} if mode else {"dynamic": False})
         self.cuda = cuda and mode is not None
         self.engine.train()
@@ -217,9 +220,15 @@ def flush(pending: list, on_log) -> float | None:
 
 
 def write_profile(profiler, path: str, step: int, wall_ms: float) -> None:
-    """One step's profile: its wall time, then the top operators with torch's CPU and GPU totals."""
+    """One step's profile: its wall time against the GPU's busy time, then the top operators by GPU time and by host
+    time (a step whose GPU sits idle is host-bound: the second table says where the host's time goes)."""
     events = profiler.key_averages()
-    gpu = any(e.self_device_time_total for e in events)
+    # Device-side events only (kernels, copies), as torch's own total: a host op or a compiled graph's annotation
+    # carries its kernels' time again.
+    gpu_ms = sum(e.self_device_time_total for e in events
+                 if e.device_type.name != "CPU" and not e.is_user_annotation) / 1000
     with open(path, "w") as f:
-        f.write(f"step {step}: wall {wall_ms:.1f} ms (GPU busy time: 'Self CUDA time total' below)\n\n")
-        f.write(events.table(sort_by="self_device_time_total" if gpu else "self_cpu_time_total", row_limit=30))
+        f.write(f"step {step}: wall {wall_ms:.1f} ms, GPU kernels {gpu_ms:.1f} ms (annotations left out)\n\n")
+        if gpu_ms:
+            f.write("By GPU time:\n" + events.table(sort_by="self_device_time_total", row_limit=30) + "\n\n")
+        f.write("By host time:\n" + events.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")

@@ -23,13 +23,14 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12
 
 
 class PeakMemory:
-    """Peak GPU memory (allocator and NVML) and CPU RSS of this process over a `with` block."""
+    """Peak GPU memory (allocator and NVML) and host memory of this process over a `with` block: resident (RSS) and
+    its anonymous part, which leaves out the pages of memory-mapped weight files that the kernel can drop."""
 
     def __init__(self, device: str, interval: float = 0.05):
         self.device, self.interval = device, interval
         self.cuda = device.startswith("cuda")
         self.nvml_peak = self.nvml_start = 0
-        self.rss_peak = 0
+        self.rss_peak = self.anon_peak = 0
         self._stop = threading.Event()
         self._handle = None
 
@@ -60,6 +61,7 @@ class PeakMemory:
 
     def sample(self):
         self.rss_peak = max(self.rss_peak, self._proc.memory_info().rss)
+        self.anon_peak = max(self.anon_peak, anonymous_bytes())
         if self._handle is not None:
             import pynvml
 
@@ -82,7 +84,19 @@ class PeakMemory:
             out["peak_gpu_nvml_mb"] = max(0, self.nvml_peak - self.nvml_start) / MB
         # ru_maxrss is the kernel's exact high-water mark (KiB on Linux); the sampler may miss a spike.
         out["peak_cpu_rss_mb"] = max(self.rss_peak / MB, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        if self.anon_peak:
+            out["peak_cpu_anon_mb"] = self.anon_peak / MB
         return out
+
+
+def anonymous_bytes() -> int:
+    """This process's anonymous resident memory (Linux's RssAnon), 0 where the kernel does not report it."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next((x for x in f if x.startswith("RssAnon:")), "")
+    except OSError:
+        return 0
+    return int(line.split()[1]) * 1024 if line else 0
 
 
 def gather_ranks(summary: dict) -> dict:

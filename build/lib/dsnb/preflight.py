@@ -170,18 +170,22 @@ def check_host_ram(cfg: RunConfig, world: int) -> None:
 
     config = model_config(cfg.model)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    need = host_ram_mb(cfg, config, trainable_params(cfg, config), world) * local / 1024
+    trainable = trainable_params(cfg, config)
+    need = host_ram_mb(cfg, config, trainable, world, mapped=False) * local / 1024
+    resident = host_ram_mb(cfg, config, trainable, world) * local / 1024
     have = cfg.ram_budget_gb or psutil.virtual_memory().available / 2**30
-    if need <= have:
-        return
     where = f"ram_budget_gb is {cfg.ram_budget_gb:g}" if cfg.ram_budget_gb else f"this machine has {have:.1f} GB free"
-    offload = " (the offloaded optimizer states and weights live there)" if cfg.offload_optimizer != "none" or \
-        cfg.offload_param != "none" else ""
-    message = (f"this run needs about {need:.1f} GB of host RAM{offload} but {where}; use a smaller model, offload "
-               "less, or set host_ram_check warn to try anyway")
-    if cfg.host_ram_check == "refuse":
-        raise ConfigError(message)
-    print(f"dsnb: warning: {message}")
+    if need > have:
+        offload = " (the offloaded optimizer states and weights live there)" if cfg.offload_optimizer != "none" or \
+            cfg.offload_param != "none" else ""
+        message = (f"this run needs about {need:.1f} GB of host RAM{offload} but {where}; use a smaller model, "
+                   "offload less, or set host_ram_check warn to try anyway")
+        if cfg.host_ram_check == "refuse":
+            raise ConfigError(message)
+        print(f"dsnb: warning: {message}")
+    elif resident > have:
+        print(f"dsnb: note: reading the weights file takes the resident memory to about {resident:.1f} GB while "
+              f"{where}; its memory-mapped pages can be dropped by the kernel, so this should load")
 
 
 def check_nvme_path(path: str) -> None:
