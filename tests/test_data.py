@@ -104,6 +104,19 @@ def test_local_files_in_every_format(tmp_path):
         assert [format_prompt(r) for r in got] == expected, kind
 
 
+def test_squad_that_cannot_be_reached_says_what_to_use_instead(monkeypatch):
+    """SQuAD with the hub out of reach (here: the hub libraries' offline mode, so no retries) is a ConfigError naming
+    the hub id and the offline alternatives, not a traceback."""
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    message = r"dataset 'squad' \(rajpurkar/squad\) could not be loaded.*use dataset=synthetic"
+    with pytest.raises(ConfigError, match=message):
+        load_records(RunConfig(**dict(OFFLINE, dataset="squad", num_samples=2)))
+
+
 def test_bad_files_say_what_to_change(tmp_path):
     def load(path, n=2):
         return load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=n)))

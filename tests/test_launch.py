@@ -77,12 +77,14 @@ def test_ctrl_c_in_a_terminal_ends_the_run_killed(workdir):
 
 
 def test_a_variant_whose_parent_is_killed_stops_itself(workdir):
-    """SIGKILL to the process that started a variant (a kernel killed, a terminal closed): no orphan trains on."""
+    """SIGKILL to the process that started a variant (a kernel killed, a terminal closed): no orphan trains on, also
+    where it was started as a shell's background job (SIGINT ignored, which Python and its children inherit)."""
     uri = f"sqlite:///{workdir}/mlflow.db"
     code = ("import dsnb; dsnb.run_all([dsnb.RunConfig(**%r, tracking_uri=%r, run_name='orphan')], progress=False)"
             % (LONG, uri))
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=workdir, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+                              stderr=subprocess.DEVNULL,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     run = wait_for_training(uri, "orphan")
     parent.kill()
     parent.wait()

@@ -74,3 +74,22 @@ def test_bench_regressions_are_named():
     assert regressions(result(1.2), committed) == ["fast: 1.20x the tutorial's recipe, committed 2.60x"]
     assert regressions(result(2.6, finished=2), committed) == ["fast: 2/3 runs finished"]
     assert "tutorial pair took 400 s" in regressions(result(2.6, pair=(200, 200)), committed)[0]
+
+
+def test_bf16_is_refused_below_compute_capability_8(monkeypatch):
+    """A T4 (7.5) emulates bf16 slowly while is_bf16_supported() says True: dsnb asks for fp16 instead. No T4 here,
+    so torch's answers about the GPU are those a T4 gives; the check itself is dsnb's real one."""
+    import torch
+
+    from dsnb.config import RunConfig
+    from dsnb.preflight import check_device
+
+    gpu = {"get_device_capability": lambda device=None: (7, 5), "get_device_name": lambda device=None: "Tesla T4",
+           "device_count": lambda: 1, "is_bf16_supported": lambda *a, **k: True}
+    for name, answer in gpu.items():
+        monkeypatch.setattr(torch.cuda, name, answer)
+    with pytest.raises(ConfigError, match="dtype bf16 has no native support on Tesla T4 .*use dtype fp16"):
+        check_device(RunConfig(dtype="bf16"), "cuda:0")
+    check_device(RunConfig(dtype="fp16"), "cuda:0")  # the T4's precision passes
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    check_device(RunConfig(dtype="bf16"), "cuda:0")  # an A100 or newer
