@@ -1,6 +1,6 @@
 """The benchmark: the tutorial's recipe against dsnb's fast recipe, each variant in its own process, repeated.
 
-    python -m dsnb bench                         # on a GPU: writes benchmarks/results/<gpu>.json and .md
+    python -m dsnb bench                         # on a GPU: writes bench_results/<gpu>.json and .md (--out)
     python -m dsnb bench --gpus 2                # two variants at a time, one per GPU (same GPU model)
     python -m dsnb bench --offline --repeats 2   # the same on the CPU with synthetic:tiny
 

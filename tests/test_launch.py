@@ -65,7 +65,8 @@ def test_ctrl_c_in_a_terminal_ends_the_run_killed(workdir):
     flags = [f"--{k}={v}" for k, v in LONG.items() if k not in OFFLINE]
     run_process = subprocess.Popen([sys.executable, "-m", "dsnb", "run", "--offline", *flags, "--run_name", "ctrl-c"],
                                    cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   start_new_session=True,  # a terminal's foreground job: SIGINT not ignored
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     run = wait_for_training(uri, "ctrl-c")
     os.killpg(run_process.pid, signal.SIGINT)  # a terminal sends it to the whole foreground group
     assert run_process.wait(timeout=180) == 130

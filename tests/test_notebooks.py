@@ -52,7 +52,8 @@ def test_committed_notebooks_pass_nbval(tmp_path):
     for name in NAMES:
         shutil.copy(NOTEBOOKS / name, tmp_path / name)
     env = {**os.environ, "DSNB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+    # -n 0: this run finds the project's pytest settings too, and nbval's cells must run in order in one kernel
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--nbval-lax",
                            "--sanitize-with", str(NOTEBOOKS / "nbval_sanitize.cfg"), *NAMES],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-4000:]

@@ -35,7 +35,9 @@ def mlflow_server(tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                                "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
                                "--artifacts-destination", str(tmp_path / "server-artifacts"), "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              # no job runner: its seven consumer processes only compete with the test for the CPU
+                              env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
     for _ in range(120):
         try:
@@ -149,12 +151,12 @@ def test_two_sweeps_writing_one_store_at_once_lose_nothing(workdir):
     code = ("import sys; from dsnb.config import OFFLINE, RunConfig; from dsnb.launch import run_all; "
             f"run_all([RunConfig(**dict(OFFLINE, max_steps=2, num_samples=16, logging_steps=1, save_model=False), "
             f"tracking_uri={uri!r}, run_name=sys.argv[1] + str(i), strategy=s) "
-            "for i, s in enumerate(['baseline', 'zero1', 'baseline'])], progress=False)")
+            "for i, s in enumerate(['baseline', 'zero1'])], progress=False)")
     sweeps = [subprocess.Popen([sys.executable, "-c", code, name], cwd=workdir) for name in ("a", "b")]
     assert [s.wait(timeout=900) for s in sweeps] == [0, 0]
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    assert sorted(r.info.run_name for r in runs) == ["a0", "a1", "b0", "b1"]
     for run in runs:
         assert run.info.status == "FINISHED", run.info.run_name
         assert run.data.metrics["tokens_per_second"] > 0

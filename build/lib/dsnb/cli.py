@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("sweep", parents=[common], help="execute a notebook per variant of a sweep file (-f); "
                    "field flags override every variant")
     bench = sub.add_parser("bench", help="the tutorial's recipe vs dsnb's fast recipe, repeated; writes "
-                           "benchmarks/results/<gpu>.json and .md")
+                           "<gpu>.json and .md into --out (never over an earlier result)")
     bench.add_argument("--offline", action="store_true", help="synthetic:tiny on the CPU instead of the 3B shape")
     bench.add_argument("--repeats", type=count(1), default=3)
     bench.add_argument("--untimed", type=count(0), default=3, help="untimed optimizer steps first")

@@ -212,6 +212,9 @@ def child_main(path: str) -> int:
     cfg = RunConfig.from_dict(child["config"])
     preflight.pin_one_gpu(cfg)
     signal.signal(signal.SIGTERM, _terminated)
+    # Started from a shell's background job (or nohup), a process inherits SIGINT ignored and Python leaves it so:
+    # the parent's interrupt and the watch below would go unheard.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _watch_parent(child["parent_pid"])
     from .train import Reporter, train
 
