@@ -18,22 +18,18 @@ def loss_curve(uri, run_id):
     return [m.value for m in sorted(mlflow.MlflowClient(uri).get_metric_history(run_id, "loss"), key=lambda m: m.step)]
 
 
-@pytest.fixture(scope="module")
-def stage_runs(tmp_path_factory):
-    uri = f"sqlite:///{tmp_path_factory.mktemp('zero')}/mlflow.db"
+def test_every_zero_stage_matches_the_baseline_loss(tmp_path):
+    """One test, so its five runs happen once (a module fixture is set up again on each xdist worker)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfgs = [RunConfig(**BASE, tracking_uri=uri, run_name="baseline")]
     cfgs += [RunConfig(**BASE, **changes, tracking_uri=uri, run_name=name) for name, changes in STAGES.items()]
-    return uri, {r.name: r for r in run_all(cfgs, progress=False)}
-
-
-@pytest.mark.parametrize("stage", STAGES)
-def test_zero_stage_matches_baseline_loss(stage_runs, stage):
-    uri, runs = stage_runs
-    assert runs["baseline"].status == "FINISHED" and runs[stage].status == "FINISHED"
-    base, zero = loss_curve(uri, runs["baseline"].run_id), loss_curve(uri, runs[stage].run_id)
-    assert len(base) == len(zero) == 5
-    assert base[-1] < base[0] - 0.05  # training moved the loss, so agreement is not trivial
-    assert zero == pytest.approx(base, rel=1e-4, abs=1e-4)
+    runs = {r.name: r for r in run_all(cfgs, progress=False)}
+    assert {name: r.status for name, r in runs.items()} == dict.fromkeys(runs, "FINISHED")
+    base = loss_curve(uri, runs["baseline"].run_id)
+    assert len(base) == 5 and base[-1] < base[0] - 0.05  # training moved the loss, so agreement is not trivial
+    for stage in STAGES:
+        zero = loss_curve(uri, runs[stage].run_id)
+        assert zero == pytest.approx(base, rel=1e-4, abs=1e-4), stage
 
 
 def test_tutorial_8bit_lora_zero2_offload_runs_on_cpu(workdir):
