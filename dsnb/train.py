@@ -280,9 +280,10 @@ class Progress:
         start = next((m for m in self.timer.marks if m[1] == self.timer.untimed_steps), None)
         if not self.told and start and step > start[1] and step < total:
             per_step = (time.perf_counter() - start[0]) / (step - start[1])
+            left = per_step * (total - step)
             self.told = True
             self.reporter.say(f"{per_step:.3g} s a step after {start[1]} untimed step(s): the {total - step} steps "
-                              f"left take about {per_step * (total - step) / 60:.1f} min")
+                              f"left take about {f'{left / 60:.1f} min' if left >= 60 else f'{left:.0f} s'}")
 
 
 class StepCallback(TrainerCallback):
