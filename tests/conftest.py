@@ -64,10 +64,13 @@ def assert_killed_with_what_it_measured(uri: str, run_id: str):
     assert "dsnb: interrupted" in log  # the child's own record of being stopped
 
 
-def no_child_left(marker: str):
+def no_child_left(marker: str, grace: float = 30):
+    """No process whose command line holds marker is still running `grace` seconds on (one that has just recorded
+    its run may still be exiting)."""
     import psutil
 
-    alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    found = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    _, alive = psutil.wait_procs(found, timeout=grace)
     assert not alive, alive
 
 

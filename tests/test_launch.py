@@ -84,7 +84,7 @@ def test_a_variant_whose_parent_is_killed_stops_itself(workdir):
     code = ("import dsnb; dsnb.run_all([dsnb.RunConfig(**%r, tracking_uri=%r, run_name='orphan')], progress=False)"
             % (LONG, uri))
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=workdir, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(workdir)},  # child.json here
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     run = wait_for_training(uri, "orphan")
     parent.kill()
