@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -236,6 +237,13 @@ def child_main(path: str) -> int:
         metrics = train(cfg, child["run_id"], reporter=ToParent())
     except KeyboardInterrupt:
         print("dsnb: interrupted; the run is recorded KILLED with what it measured so far", file=sys.stderr)
+        import psutil
+
+        if os.environ.get("RANK", "0") == "0" and not psutil.pid_exists(child["parent_pid"]):
+            # Orphaned: the parent that attaches the log and removes the folder is gone, so do its part here.
+            folder = os.path.dirname(os.path.abspath(path))
+            _close(child["run_id"], cfg, os.path.join(folder, "train.log"), "KILLED")
+            shutil.rmtree(folder, ignore_errors=True)
         return 130
     except ConfigError as e:
         print(f"dsnb: error: {e}", file=sys.stderr)
