@@ -49,6 +49,17 @@ def wait_for_training(uri: str, name: str, timeout: float = 240):
     pytest.fail(f"{name} did not start training within {timeout} s")
 
 
+def reply_to(kc, msg_id: str, timeout: float) -> dict:
+    """The content of a Jupyter kernel's reply to request msg_id; other replies are skipped: on a busy machine
+    start_new_kernel asks for kernel_info more than once while the kernel starts, and the spare replies wait in the
+    shell channel (a plain get_shell_msg returned one of them, status "ok", in place of the interrupted run's)."""
+    deadline = time.time() + timeout
+    while True:
+        reply = kc.get_shell_msg(timeout=max(deadline - time.time(), 0.1))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]
+
+
 def assert_killed_with_what_it_measured(uri: str, run_id: str):
     import mlflow
 

@@ -10,7 +10,7 @@ import sys
 import mlflow
 import pytest
 
-from conftest import LONG, assert_killed_with_what_it_measured, no_child_left, wait_for_training
+from conftest import LONG, assert_killed_with_what_it_measured, no_child_left, reply_to, wait_for_training
 
 from dsnb.config import OFFLINE
 
@@ -23,18 +23,17 @@ def test_jupyter_interrupt_stops_the_running_variant(workdir):
     uri = f"sqlite:///{workdir}/mlflow.db"
     km, kc = start_new_kernel(kernel_name="python3", cwd=str(workdir), env={**os.environ, "TMPDIR": str(workdir)})
     try:
-        kc.execute("import dsnb\n"
-                   f"dsnb.run_all([dsnb.RunConfig(**{LONG!r}, tracking_uri={uri!r}, run_name='nb-long')], "
-                   "progress=False)")
+        msg_id = kc.execute("import dsnb\n"
+                            f"dsnb.run_all([dsnb.RunConfig(**{LONG!r}, tracking_uri={uri!r}, run_name='nb-long')], "
+                            "progress=False)")
         run = wait_for_training(uri, "nb-long")
         km.interrupt_kernel()  # what Jupyter's button does: SIGINT to the kernel's process, not its children
-        reply = kc.get_shell_msg(timeout=180)
-        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        reply = reply_to(kc, msg_id, timeout=180)
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         assert_killed_with_what_it_measured(uri, run.info.run_id)
         no_child_left(str(workdir))
         assert not [p for p in os.listdir(workdir) if p.startswith("dsnb-")]  # the child's temporary folder is gone
-        kc.execute("x = 6 * 7")
-        assert kc.get_shell_msg(timeout=60)["content"]["status"] == "ok"  # the kernel lives on
+        assert reply_to(kc, kc.execute("x = 6 * 7"), timeout=60)["status"] == "ok"  # the kernel lives on
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

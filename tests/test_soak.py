@@ -82,28 +82,28 @@ def test_a_jupyter_interrupt_stops_a_sweep_mid_way(workdir):
     FINISHED, the second ends KILLED with its log, the third never starts, and the kernel runs on."""
     import os
 
-    from conftest import LONG, assert_killed_with_what_it_measured, no_child_left, wait_for_training
+    from conftest import LONG, assert_killed_with_what_it_measured, no_child_left, reply_to, wait_for_training
     from jupyter_client.manager import start_new_kernel
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     short = dict(LONG, max_steps=2)
     km, kc = start_new_kernel(kernel_name="python3", cwd=str(workdir), env={**os.environ, "TMPDIR": str(workdir)})
     try:
-        kc.execute("import dsnb\n"
-                   f"results = dsnb.run_all([dsnb.RunConfig(**{short!r}, tracking_uri={uri!r}, run_name='first'), "
-                   f"dsnb.RunConfig(**{LONG!r}, tracking_uri={uri!r}, run_name='second'), "
-                   f"dsnb.RunConfig(**{short!r}, tracking_uri={uri!r}, run_name='third')], progress=False)")
+        msg_id = kc.execute(
+            "import dsnb\n"
+            f"results = dsnb.run_all([dsnb.RunConfig(**{short!r}, tracking_uri={uri!r}, run_name='first'), "
+            f"dsnb.RunConfig(**{LONG!r}, tracking_uri={uri!r}, run_name='second'), "
+            f"dsnb.RunConfig(**{short!r}, tracking_uri={uri!r}, run_name='third')], progress=False)")
         second = wait_for_training(uri, "second")
         km.interrupt_kernel()
-        assert kc.get_shell_msg(timeout=180)["content"]["ename"] == "KeyboardInterrupt"
+        assert reply_to(kc, msg_id, timeout=180)["ename"] == "KeyboardInterrupt"
         assert_killed_with_what_it_measured(uri, second.info.run_id)
         client = mlflow.MlflowClient(uri)
         runs = {r.info.run_name: r.info.status for r in client.search_runs(
             [client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])}
         assert runs == {"first": "FINISHED", "second": "KILLED"}
         no_child_left(str(workdir))
-        kc.execute("x = 1")
-        assert kc.get_shell_msg(timeout=60)["content"]["status"] == "ok"
+        assert reply_to(kc, kc.execute("x = 1"), timeout=60)["status"] == "ok"
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
