@@ -12,6 +12,7 @@
 #   OUT=out bash benchmarks/gpu_runs.sh speed        # the bench's compiled ZeRO and full fine-tuning variants
 #   OUT=out bash benchmarks/gpu_runs.sh last         # the same, one `dsnb run` each, with stacks of a hung step
 #   OUT=out bash benchmarks/gpu_runs.sh profile      # one profiled step of the LoRA recipes that miss their targets
+#   OUT=out bash benchmarks/gpu_runs.sh fast         # the fast recipe: Trainer, compiled, compiled ZeRO-2; host split
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -138,6 +139,16 @@ last)  # one variant a command, each with its own limit, both GPUs busy; a hung 
   wait
   dump last
   ;;
+fast)  # the fast recipe's three ways side by side (the Trainer, compiled, compiled ZeRO-2), then the compiled step's
+      # host time split by phase (benchmarks/host_split.py)
+  prebuild synthetic:llama-3.2-3b
+  timeout 470 python3 -m dsnb bench --only fast,fast_compiled,fast_zero2_compiled --repeats 2 --untimed 8 --steps 24 \
+    --out "$OUT/bench_fast" --tracking_uri "$DB" > "$OUT/bench_fast.log" 2>&1
+  tail -8 "$OUT/bench_fast.log"
+  timeout 100 python3 benchmarks/host_split.py fast_compiled --out "$OUT/host_split_fast_compiled.json" > /dev/null 2>&1
+  cat "$OUT/host_split_fast_compiled.json"
+  dump fast
+  ;;
 profile)  # where a step of the fast recipe (target 400 samples/s) and of its ZeRO-2 twin (target 1.25x) goes
   prebuild synthetic:llama-3.2-3b
   for name in fast_compiled fast_zero2_compiled; do
@@ -148,7 +159,7 @@ profile)  # where a step of the fast recipe (target 400 samples/s) and of its Ze
   dump profile
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast [more]" >&2
   exit 2
   ;;
 esac

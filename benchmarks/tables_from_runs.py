@@ -59,10 +59,13 @@ def bench() -> None:
 
 
 def table(listing: str, names: list[str], stem: str, command: str, untimed: int, steps: int, side_by_side: int,
-          base: str) -> None:
-    """A bench-shaped table of some runs of a listing (the last run of each name), ratios to `base`."""
-    runs = {r.name: r for r in read_runs(listing)}
-    rows = [summarize(name, [runs[name]]) for name in names if name in runs]
+          base: str, repeats: bool = False) -> None:
+    """A bench-shaped table of some runs of a listing, ratios to `base`: each name's last run (a retry replaces a
+    failed attempt), or with `repeats` the median and spread over all of its runs."""
+    listed = read_runs(listing)
+    last = {r.name: r for r in listed}
+    rows = [summarize(name, [r for r in listed if r.name == name] if repeats else [last[name]])
+            for name in names if name in last]
     ref = next(r for r in rows if r["name"] == base)
     for row in rows:
         row["ratio_to_tutorial"] = row["samples_per_second"] / ref["samples_per_second"] \
@@ -123,6 +126,8 @@ if __name__ == "__main__":
           "OUT=out bash benchmarks/gpu_runs.sh colab   (h200_runs/colab.jsonl)", 10, 30, 2, "t4_fp16_trainer")
     table("profile.jsonl", ["profile_fast_compiled", "profile_fast_zero2_compiled"], "profile_lora_h200",
           "OUT=out bash benchmarks/gpu_runs.sh profile   (h200_runs/profile.jsonl)", 8, 24, 1, "profile_fast_compiled")
+    table("fast.jsonl", ["fast", "fast_compiled", "fast_zero2_compiled"], "fast_recipe_h200",
+          "OUT=out bash benchmarks/gpu_runs.sh fast   (h200_runs/fast.jsonl)", 8, 24, 1, "fast", repeats=True)
     capacity(["capacity.jsonl", "capacity_zero3.jsonl", "big.jsonl"], "variants/capacity_map.yaml", "capacity_map_h200",
              "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.jsonl, "
              "then capacity_zero3.jsonl and big.jsonl)")

@@ -67,10 +67,10 @@ def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
             pending.append((step, window / (step - last_logged), grad_norm, lr))
             window = torch.zeros((), device=device)
             last_logged = step
+        if step in (timer.untimed_steps, max_steps):  # before the logs, as the Trainer's step ends before its log
+            timer.mark(step)
         if len(pending) >= LOG_FLUSH or step == max_steps:
             loss_seen = flush(pending, on_log)
-        if step in (timer.untimed_steps, max_steps):
-            timer.mark(step)
         on_step(step, max_steps, loss_seen)
     runtime = time.perf_counter() - start
     trainer.state.global_step = max_steps
@@ -210,13 +210,14 @@ def prepare_engine(trainer, max_steps: int):
 
 
 def flush(pending: list, on_log) -> float | None:
-    """Send the logged steps kept on the device to on_log, one host read each, and forget them; the last loss."""
-    loss = None
-    for step, loss_value, norm, lr in pending:
-        loss = loss_value.item()
-        on_log(step, {"loss": loss, "grad_norm": float(norm), "learning_rate": lr})
+    """Send the logged steps kept on the device to on_log, in one host read, and forget them; the last loss."""
+    import torch
+
+    values = torch.stack([v.float() for _, loss, norm, _ in pending for v in (loss, norm)]).tolist()
+    for i, (step, _, _, lr) in enumerate(pending):
+        on_log(step, {"loss": values[2 * i], "grad_norm": values[2 * i + 1], "learning_rate": lr})
     pending.clear()
-    return loss
+    return values[-2]
 
 
 def write_profile(profiler, path: str, step: int, wall_ms: float) -> None:

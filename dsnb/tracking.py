@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import sys
 import tempfile
+import time
 import traceback
 import zipfile
 from importlib import metadata
@@ -317,6 +318,41 @@ def resumable_run(cfg: RunConfig) -> tuple[str, str]:
             return run.info.run_id, checkpoint
     raise ConfigError(f"nothing to resume: no failed or killed run named {cfg.name} with a checkpoint under "
                       f"{cfg.output_dir}/ (set checkpoint_steps to save them); run without --resume")
+
+
+class Curve:
+    """The loss curve (loss, grad_norm and learning_rate at each logged step) written to the active MLflow run in
+    batches: one write per `records` logged steps or `seconds`, whichever comes first, and on write().
+
+    One write per logged step cost 10 to 34 ms each on a SQLite store (the H200's host, this 2-core machine): more
+    than a whole compiled step, so logging every step made the run measure its logging. One batch of 32 steps
+    costs about as much as two single writes.
+    """
+
+    KEYS = ("loss", "grad_norm", "learning_rate")
+
+    def __init__(self, records: int = 32, seconds: float = 30.0):
+        self.records, self.seconds = records, seconds
+        self.pending: list = []
+        self.steps = 0
+        self.written = time.monotonic()
+
+    def __call__(self, step: int, logs: dict) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.pending += [Metric(k, float(v), now, step) for k, v in logs.items() if k in self.KEYS]
+        self.steps += 1
+        if self.steps >= self.records or time.monotonic() - self.written >= self.seconds:
+            self.write()
+
+    def write(self) -> None:
+        """Write what is held (before the run ends, whether it finished or failed)."""
+        import mlflow
+
+        if self.pending:
+            mlflow.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=self.pending)
+        self.pending, self.steps, self.written = [], 0, time.monotonic()
 
 
 def record_failure(error: BaseException, measured: dict) -> None:

@@ -135,6 +135,7 @@ class Session:
     quality: Quality
     gputil_before: float
     reporter: Reporter
+    curve: tracking.Curve | None  # the loss curve on its way to MLflow (rank 0)
 
     @property
     def index(self) -> int:
@@ -166,7 +167,9 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
                 record_end(session, metrics, params)
             save(session)
         except BaseException as e:
-            if run is not None:  # what it measured so far: peaks, and the throughput of the steps it finished
+            if run is not None:  # what it measured so far: the curve, peaks, the throughput of the steps it finished
+                if session and session.curve:
+                    session.curve.write()
                 so_far = session.timer.throughput(gather=False) if session else {}
                 tracking.record_failure(e, {**mem.summary(), **so_far})
             raise
@@ -224,11 +227,12 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     trainer = Trainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
                       processing_class=tokenizer)
     # The "before" answers come once the model is placed (under ZeRO-3, once the engine's hooks can fetch it).
-    trainer.add_callback(StepCallback(timer, Progress(timer, reporter), log_curve if run_id else None,
+    curve = tracking.Curve() if run_id else None
+    trainer.add_callback(StepCallback(timer, Progress(timer, reporter), curve,
                                       lambda: quality.score("before", trainer.model, tokenizer, cfg)))
     counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}
     return Session(cfg, device, world, run_id is not None, run_dir, trainer, the_plan, timer, deepspeed, counts,
-                   quality, gputil_before, reporter)
+                   quality, gputil_before, reporter, curve)
 
 
 def cap_memory(cfg: RunConfig, device: str) -> None:
@@ -260,15 +264,6 @@ def training_arguments(cfg: RunConfig, device: str, deepspeed: dict | None, run_
         dataloader_pin_memory=device.startswith("cuda"), accelerator_config={"non_blocking": device.startswith("cuda")})
 
 
-def log_curve(step: int, logs: dict) -> None:
-    """The Trainer's loss records (loss, grad_norm, learning_rate) as MLflow metrics at their step."""
-    import mlflow
-
-    curve = {k: float(v) for k, v in logs.items() if k in ("loss", "grad_norm", "learning_rate")}
-    if curve:
-        mlflow.log_metrics(curve, step=step)
-
-
 class Progress:
     """Passes each step to the reporter, and once the untimed steps are over, says how long the rest will take."""
 
@@ -287,14 +282,16 @@ class Progress:
 
 
 class StepCallback(TrainerCallback):
-    """Counts micro-batches, times steps, passes the loss records on and reports progress with the last logged loss.
+    """Counts micro-batches, times steps, passes the loss records to the curve and reports progress with the last
+    logged loss.
 
     The last step always logs its loss, as dsnb's compiled loop does, so a run's final loss means the same in
-    both loops whatever logging_steps is.
+    both loops whatever logging_steps is. A checkpoint writes the curve held so far: a run killed after it and
+    resumed from it has every step's loss in MLflow.
     """
 
-    def __init__(self, timer, report, record, begin):
-        self.timer, self.report, self.record, self.begin, self.loss = timer, report, record, begin, None
+    def __init__(self, timer, report, curve, begin):
+        self.timer, self.report, self.curve, self.begin, self.loss = timer, report, curve, begin, None
 
     def on_train_begin(self, args, state, control, **kw):
         if not state.global_step:  # a resumed run starts mid-way, past "before"
@@ -313,8 +310,12 @@ class StepCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kw):
         self.loss = (logs or {}).get("loss", self.loss)
-        if self.record:
-            self.record(state.global_step, logs or {})
+        if self.curve:
+            self.curve(state.global_step, logs or {})
+
+    def on_save(self, args, state, control, **kw):
+        if self.curve:
+            self.curve.write()
 
 
 def record_start(s: Session, checkpoint: str | None) -> None:
@@ -339,7 +340,7 @@ def fit(s: Session, checkpoint: str | None) -> dict:
         from .loop import train_compiled
 
         raw = train_compiled(s.trainer, s.cfg, s.timer, callback.report,
-                             callback.record or (lambda step, logs: None), callback.begin)
+                             callback.curve or (lambda step, logs: None), callback.begin)
     else:
         raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
         before = s.quality.scores.get("before", {}).get("seconds", 0.0)
@@ -377,6 +378,8 @@ def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
 def record_end(s: Session, metrics: dict, params: dict) -> None:
     import mlflow
 
+    if s.curve:
+        s.curve.write()
     mlflow.log_metrics(metrics)
     mlflow.log_params(params)
     if s.quality.rows:

@@ -41,7 +41,7 @@ def test_jupyter_interrupt_stops_the_running_variant(workdir):
 
 def test_sigterm_to_compare_stops_its_variant_and_leaves_nothing(workdir):
     uri = f"sqlite:///{workdir}/mlflow.db"
-    flags = [f"--{k}={v}" for k, v in LONG.items() if k not in OFFLINE]
+    flags = [f"--{k}={v}" for k, v in LONG.items() if OFFLINE.get(k) != v]  # --offline, then LONG's own
     compare = subprocess.Popen([sys.executable, "-m", "dsnb", "compare", "--offline", *flags], cwd=workdir,
                                env={**os.environ, "TMPDIR": str(workdir)}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
@@ -60,7 +60,7 @@ def test_sigterm_to_compare_stops_its_variant_and_leaves_nothing(workdir):
 
 def test_ctrl_c_in_a_terminal_ends_the_run_killed(workdir):
     uri = f"sqlite:///{workdir}/mlflow.db"
-    flags = [f"--{k}={v}" for k, v in LONG.items() if k not in OFFLINE]
+    flags = [f"--{k}={v}" for k, v in LONG.items() if OFFLINE.get(k) != v]  # --offline, then LONG's own
     run_process = subprocess.Popen([sys.executable, "-m", "dsnb", "run", "--offline", *flags, "--run_name", "ctrl-c"],
                                    cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True,  # a terminal's foreground job: SIGINT not ignored

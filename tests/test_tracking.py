@@ -120,12 +120,12 @@ def test_resume_continues_a_killed_zero2_run_into_the_same_run(workdir):
     child = subprocess.Popen([sys.executable, "-m", "dsnb", "run", *flags], cwd=workdir,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client, run = None, None
-    while child.poll() is None:  # kill it hard once step 3 is logged: checkpoint-2 is on disk
+    while child.poll() is None:  # kill it hard once step 2's loss is in: the curve is written at each checkpoint
         if run is None and (workdir / "mlflow.db").exists():
             client = mlflow_client(f"sqlite:///{workdir}/mlflow.db")  # dsnb's lock: no race with its table set-up
             exp = client.get_experiment_by_name("DeepSpeed_Comparison")
             run = next(iter(client.search_runs([exp.experiment_id]) if exp else []), None)
-        if run is not None and any(m.step >= 3 for m in client.get_metric_history(run.info.run_id, "loss")):
+        if run is not None and any(m.step >= 2 for m in client.get_metric_history(run.info.run_id, "loss")):
             child.kill()
             break
         time.sleep(0.1)
@@ -140,8 +140,9 @@ def test_resume_continues_a_killed_zero2_run_into_the_same_run(workdir):
     assert after.data.tags["resumed_from"].endswith("checkpoint-2")
     history = client.get_metric_history(run.info.run_id, "loss")
     assert sorted({m.step for m in history}) == [1, 2, 3, 4, 5, 6]
-    # Killed as step 3 ended: steps 1-3 before, 3-6 after (a restart would log 9 or more).
-    assert len(history) <= 7  # 6, or 7 since step 3's loss got out before the kill
+    # Killed once checkpoint-2 had written steps 1-2; step 3's loss, held for the next write, went with the process;
+    # the resumed run logged 3-6 (a restart would log 8 or more).
+    assert len(history) == 6
     again = dsnb("run", *flags, "--resume", cwd=workdir)
     assert again.returncode == 2 and "nothing to resume" in again.stderr
 
@@ -176,3 +177,26 @@ def test_a_relative_store_follows_the_working_directory(tmp_path, monkeypatch):
         client = mlflow.MlflowClient(f"sqlite:///{tmp_path / name}/mlflow.db")
         runs = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
         assert [r.info.run_id for r in runs] == [run_id]
+
+
+def test_the_loss_curve_is_written_in_batches_and_nothing_is_held_back(workdir):
+    """A write per logged step cost more than a compiled step; the curve goes in batches of `records` steps, or
+    after `seconds`, and write() (a run's end, finished or failed) sends what is left."""
+    from dsnb.tracking import Curve
+
+    cfg = RunConfig(**OFFLINE, tracking_uri="sqlite:///mlflow.db")
+    run_id = create_run(cfg)
+    client = mlflow_client(cfg.tracking_uri)
+    steps = lambda: [m.step for m in client.get_metric_history(run_id, "loss")]  # noqa: E731
+    with mlflow.start_run(run_id=run_id):
+        curve = Curve(records=4, seconds=3600)
+        for step in range(1, 11):
+            curve(step, {"loss": 1.0 / step, "grad_norm": 2.0, "learning_rate": 1e-4, "epoch": 0.1})
+        assert steps() == list(range(1, 9))  # two batches of 4; steps 9 and 10 held
+        curve.write()
+        assert steps() == list(range(1, 11))
+        assert [m.value for m in client.get_metric_history(run_id, "loss")][-1] == pytest.approx(0.1)
+        assert "epoch" not in client.get_run(run_id).data.metrics  # only the curve's keys
+        slow = Curve(records=1000, seconds=0.0)  # a slow step still reaches the UI: after `seconds`, whatever held
+        slow(11, {"loss": 0.05})
+        assert steps()[-1] == 11
