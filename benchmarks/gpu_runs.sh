@@ -2,6 +2,7 @@
 # The GPU evidence in benchmarks/results/, one stage per GPU-machine call (each well under 10 minutes).
 #   OUT=out bash benchmarks/gpu_runs.sh bench        # dsnb bench, variants side by side on every GPU
 #   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone, with a profiled step
+#                                                    # (REPEATS=2 HINTS=0: 2 repeats, no perf-hints run)
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
@@ -39,7 +40,8 @@ bench)
 throughput)  # the throughput mode alone: one repeat at a time (compiling beside a timed run would slow it)
   prebuild synthetic:llama-3.2-3b
   DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 420 python3 -m dsnb bench --only throughput_compiled \
-    --repeats 3 --untimed 8 --steps 12 --out "$OUT" --tracking_uri "$DB"
+    --repeats "${REPEATS:-3}" --untimed 8 --steps 12 --out "$OUT" --tracking_uri "$DB"
+  [ "${HINTS:-1}" = 1 ] || { dump throughput; continue; }  # HINTS=0: the bench alone
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
   TORCH_LOGS=perf_hints timeout 200 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
     --batch_size 256 --grad_accum 1 --torch_compile true --max_steps 6 --untimed_steps 4 --run_name perf_hints \
