@@ -14,6 +14,7 @@
 #   OUT=out bash benchmarks/gpu_runs.sh last         # the same, one `dsnb run` each, with stacks of a hung step
 #   OUT=out bash benchmarks/gpu_runs.sh profile      # one profiled step of the LoRA recipes that miss their targets
 #   OUT=out bash benchmarks/gpu_runs.sh fast         # the fast recipe: Trainer, compiled, compiled ZeRO-2; host split
+#   OUT=out bash benchmarks/gpu_runs.sh zero2knobs   # compiled LoRA ZeRO-2 with DeepSpeed's per-step checks turned off
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -151,6 +152,21 @@ fast)  # the fast recipe's three ways side by side (the Trainer, compiled, compi
   cat "$OUT/host_split_fast_compiled.json"
   dump fast
   ;;
+zero2knobs)  # fast_zero2_compiled with DeepSpeed's bf16 overflow check off, then also overlap_comm off (one GPU)
+  prebuild synthetic:llama-3.2-3b
+  python3 -c "
+import json; from dsnb.bench import bench_configs; from dsnb.zero import deepspeed_config
+c = deepspeed_config(bench_configs(False, 8, 24, 'sqlite:///x')['fast_zero2_compiled'], 1, 0)
+c['bf16']['check_grad_overflow'] = False; json.dump(c, open('/tmp/nocheck.json', 'w'))
+c['zero_optimization']['overlap_comm'] = False; json.dump(c, open('/tmp/nocheck_nooverlap.json', 'w'))"
+  for v in default nocheck nocheck_nooverlap; do
+    extra=(); [ $v = default ] || extra=(--ds_config_path "/tmp/$v.json")
+    timeout 130 python3 -m dsnb run $(python3 benchmarks/bench_flags.py fast_zero2_compiled 8 24) "${extra[@]}" \
+      --tracking_uri "$DB" --run_name "z2_$v" > "$OUT/z2_$v.log" 2>&1
+    echo "$v exit $?"
+  done
+  dump zero2knobs
+  ;;
 profile)  # where a step of the fast recipe (target 400 samples/s) and of its ZeRO-2 twin (target 1.25x) goes
   prebuild synthetic:llama-3.2-3b
   for name in fast_compiled fast_zero2_compiled; do
@@ -161,7 +177,7 @@ profile)  # where a step of the fast recipe (target 400 samples/s) and of its Ze
   dump profile
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs [more]" >&2
   exit 2
   ;;
 esac
