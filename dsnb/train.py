@@ -169,7 +169,8 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
         except BaseException as e:
             if run is not None:  # what it measured so far: the curve, peaks, the throughput of the steps it finished
                 if session and session.curve:
-                    session.curve.write()
+                    with contextlib.suppress(Exception):  # an unwritable curve must not cost the failure its record
+                        session.curve.write()
                 so_far = session.timer.throughput(gather=False) if session else {}
                 tracking.record_failure(e, {**mem.summary(), **so_far})
             raise
