@@ -98,6 +98,8 @@ def main() -> None:
     p.add_argument("--offline", action="store_true", help="the CPU's offline variant (a check of this script)")
     a = p.parse_args()
     cfg = bench_configs(a.offline, a.untimed, a.steps, "sqlite:////tmp/host_split.db")[a.variant]
+    if not cfg.torch_compile or cfg.zero_stage is not None or cfg.grad_accum != 1:
+        p.error(f"{a.variant}: this split times the compiled loop without DeepSpeed, one micro-batch a step")
     split = Split()
     train.train(cfg)
     text = json.dumps({"variant": a.variant, "steps": a.steps, **split.report(a.untimed + 1)}, indent=1)

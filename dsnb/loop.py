@@ -53,25 +53,30 @@ def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
     begin()
     timer.mark(0)
     start = time.perf_counter()
-    for step, (micro, items) in enumerate(step_batches(trainer, loader, cfg.grad_accum, max_steps, device), 1):
-        # The last untimed step: compiled and recorded by then, and outside the timed steps.
-        profiling = bool(profile) and step == max(1, timer.untimed_steps)
-        began = time.perf_counter()
-        with torch.profiler.profile() if profiling else contextlib.nullcontext() as profiler:
-            step_loss, grad_norm, lr = stepper.step(micro, items, timer)
-        if profiling:
-            write_profile(profiler, profile, step, 1000 * (time.perf_counter() - began))
-        window += step_loss
-        total_loss += step_loss
-        if step == 1 or step % cfg.logging_steps == 0 or step == max_steps:
-            pending.append((step, window / (step - last_logged), grad_norm, lr))
-            window = torch.zeros((), device=device)
-            last_logged = step
-        if step in (timer.untimed_steps, max_steps):  # before the logs, as the Trainer's step ends before its log
-            timer.mark(step)
-        if len(pending) >= LOG_FLUSH or step == max_steps:
-            loss_seen = flush(pending, on_log)
-        on_step(step, max_steps, loss_seen)
+    try:
+        for step, (micro, items) in enumerate(step_batches(trainer, loader, cfg.grad_accum, max_steps, device), 1):
+            # The last untimed step: compiled and recorded by then, and outside the timed steps.
+            profiling = bool(profile) and step == max(1, timer.untimed_steps)
+            began = time.perf_counter()
+            with torch.profiler.profile() if profiling else contextlib.nullcontext() as profiler:
+                step_loss, grad_norm, lr = stepper.step(micro, items, timer)
+            if profiling:
+                write_profile(profiler, profile, step, 1000 * (time.perf_counter() - began))
+            window += step_loss
+            total_loss += step_loss
+            if step == 1 or step % cfg.logging_steps == 0 or step == max_steps:
+                pending.append((step, window / (step - last_logged), grad_norm, lr))
+                window = torch.zeros((), device=device)
+                last_logged = step
+            if step in (timer.untimed_steps, max_steps):  # before the logs, as the Trainer's step ends before its log
+                timer.mark(step)
+            if len(pending) >= LOG_FLUSH or step == max_steps:
+                loss_seen = flush(pending, on_log)
+            on_step(step, max_steps, loss_seen)
+    except BaseException:  # an interrupt or an error mid-run: the logged steps still on the device reach the curve
+        with contextlib.suppress(Exception):
+            flush(pending, on_log)
+        raise
     runtime = time.perf_counter() - start
     trainer.state.global_step = max_steps
     samples, _ = timer.batches.totals(timer.consumed)
@@ -213,6 +218,8 @@ def flush(pending: list, on_log) -> float | None:
     """Send the logged steps kept on the device to on_log, in one host read, and forget them; the last loss."""
     import torch
 
+    if not pending:
+        return None
     values = torch.stack([v.float() for _, loss, norm, _ in pending for v in (loss, norm)]).tolist()
     for i, (step, _, _, lr) in enumerate(pending):
         on_log(step, {"loss": values[2 * i], "grad_norm": values[2 * i + 1], "learning_rate": lr})

@@ -321,8 +321,8 @@ def resumable_run(cfg: RunConfig) -> tuple[str, str]:
 
 
 class Curve:
-    """The loss curve (loss, grad_norm and learning_rate at each logged step) written to the active MLflow run in
-    batches: one write per `records` logged steps or `seconds`, whichever comes first, and on write().
+    """The loss curve (loss, grad_norm and learning_rate at each logged step) of run_id, written in batches: one
+    write per `records` logged steps or `seconds`, whichever comes first, and on write().
 
     One write per logged step cost 10 to 34 ms each on a SQLite store (the H200's host, this 2-core machine): more
     than a whole compiled step, so logging every step made the run measure its logging. One batch of 32 steps
@@ -331,7 +331,8 @@ class Curve:
 
     KEYS = ("loss", "grad_norm", "learning_rate")
 
-    def __init__(self, records: int = 32, seconds: float = 30.0):
+    def __init__(self, run_id: str, tracking_uri: str, records: int = 32, seconds: float = 30.0):
+        self.run_id, self.client = run_id, mlflow_client(tracking_uri)
         self.records, self.seconds = records, seconds
         self.pending: list = []
         self.steps = 0
@@ -348,10 +349,8 @@ class Curve:
 
     def write(self) -> None:
         """Write what is held (before the run ends, whether it finished or failed)."""
-        import mlflow
-
         if self.pending:
-            mlflow.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=self.pending)
+            self.client.log_batch(self.run_id, metrics=self.pending)
         self.pending, self.steps, self.written = [], 0, time.monotonic()
 
 

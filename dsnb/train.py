@@ -228,7 +228,7 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     trainer = Trainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
                       processing_class=tokenizer)
     # The "before" answers come once the model is placed (under ZeRO-3, once the engine's hooks can fetch it).
-    curve = tracking.Curve() if run_id else None
+    curve = tracking.Curve(run_id, cfg.tracking_uri) if run_id else None
     trainer.add_callback(StepCallback(timer, Progress(timer, reporter), curve,
                                       lambda: quality.score("before", trainer.model, tokenizer, cfg)))
     counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}

@@ -54,10 +54,11 @@ def reply_to(kc, msg_id: str, timeout: float) -> dict:
     start_new_kernel asks for kernel_info more than once while the kernel starts, and the spare replies wait in the
     shell channel (a plain get_shell_msg returned one of them, status "ok", in place of the interrupted run's)."""
     deadline = time.time() + timeout
-    while True:
+    while time.time() < deadline:
         reply = kc.get_shell_msg(timeout=max(deadline - time.time(), 0.1))
         if reply["parent_header"].get("msg_id") == msg_id:
             return reply["content"]
+    pytest.fail(f"no reply to request {msg_id} within {timeout} s")
 
 
 def assert_killed_with_what_it_measured(uri: str, run_id: str):

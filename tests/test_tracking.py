@@ -188,15 +188,14 @@ def test_the_loss_curve_is_written_in_batches_and_nothing_is_held_back(workdir):
     run_id = create_run(cfg)
     client = mlflow_client(cfg.tracking_uri)
     steps = lambda: [m.step for m in client.get_metric_history(run_id, "loss")]  # noqa: E731
-    with mlflow.start_run(run_id=run_id):
-        curve = Curve(records=4, seconds=3600)
-        for step in range(1, 11):
-            curve(step, {"loss": 1.0 / step, "grad_norm": 2.0, "learning_rate": 1e-4, "epoch": 0.1})
-        assert steps() == list(range(1, 9))  # two batches of 4; steps 9 and 10 held
-        curve.write()
-        assert steps() == list(range(1, 11))
-        assert [m.value for m in client.get_metric_history(run_id, "loss")][-1] == pytest.approx(0.1)
-        assert "epoch" not in client.get_run(run_id).data.metrics  # only the curve's keys
-        slow = Curve(records=1000, seconds=0.0)  # a slow step still reaches the UI: after `seconds`, whatever held
-        slow(11, {"loss": 0.05})
-        assert steps()[-1] == 11
+    curve = Curve(run_id, cfg.tracking_uri, records=4, seconds=3600)
+    for step in range(1, 11):
+        curve(step, {"loss": 1.0 / step, "grad_norm": 2.0, "learning_rate": 1e-4, "epoch": 0.1})
+    assert steps() == list(range(1, 9))  # two batches of 4; steps 9 and 10 held
+    curve.write()
+    assert steps() == list(range(1, 11))
+    assert [m.value for m in client.get_metric_history(run_id, "loss")][-1] == pytest.approx(0.1)
+    assert "epoch" not in client.get_run(run_id).data.metrics  # only the curve's keys
+    slow = Curve(run_id, cfg.tracking_uri, records=1000, seconds=0.0)  # a slow run's curve reaches the UI in time
+    slow(11, {"loss": 0.05})
+    assert steps()[-1] == 11

@@ -172,3 +172,31 @@ def test_zero_infinity_nvme_matches_baseline_loss(tmp_path):
     curve = loss_curve(uri, baseline.run_id)
     assert curve[-1] < curve[0] - 0.05
     assert loss_curve(uri, result.run_id) == pytest.approx(curve, rel=1e-4, abs=1e-4)
+
+
+def test_an_interrupted_compiled_run_keeps_every_logged_step(workdir, monkeypatch):
+    """The compiled loop holds up to LOG_FLUSH logged steps on the device. Interrupted at step 40, between its write
+    at step 32 and the next at 64, it still sends steps 33-39 to MLflow, and the run ends KILLED."""
+    from conftest import LONG
+
+    from dsnb import loop, train
+
+    real, calls = loop.PlainStep.step, []
+
+    def step(self, *args):
+        calls.append(1)
+        if len(calls) == 40:  # Ctrl-C as the 40th step starts
+            raise KeyboardInterrupt
+        return real(self, *args)
+
+    monkeypatch.setattr(loop.PlainStep, "step", step)
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    cfg = RunConfig(**dict(LONG, torch_compile=True, padding="bucket", max_steps=100), tracking_uri=uri,
+                    run_name="interrupted")
+    with pytest.raises(KeyboardInterrupt):
+        train.train(cfg)
+    client = mlflow.MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name(cfg.experiment).experiment_id])
+    assert run.info.status == "KILLED" and run.data.tags["failure"] == "interrupted"
+    assert [m.step for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)] == \
+        list(range(1, 40))
