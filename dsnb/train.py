@@ -135,7 +135,6 @@ class Session:
     quality: Quality
     gputil_before: float
     reporter: Reporter
-    curve: tracking.Curve | None  # the loss curve on its way to MLflow (rank 0)
 
     @property
     def index(self) -> int:
@@ -167,10 +166,7 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
                 record_end(session, metrics, params)
             save(session)
         except BaseException as e:
-            if run is not None:  # what it measured so far: the curve, peaks, the throughput of the steps it finished
-                if session and session.curve:
-                    with contextlib.suppress(Exception):  # an unwritable curve must not cost the failure its record
-                        session.curve.write()
+            if run is not None:  # what it measured so far: peaks, and the throughput of the steps it finished
                 so_far = session.timer.throughput(gather=False) if session else {}
                 tracking.record_failure(e, {**mem.summary(), **so_far})
             raise
@@ -228,12 +224,12 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     trainer = Trainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
                       processing_class=tokenizer)
     # The "before" answers come once the model is placed (under ZeRO-3, once the engine's hooks can fetch it).
-    curve = tracking.Curve(run_id, cfg.tracking_uri) if run_id else None
+    curve = tracking.Curve(run_id, cfg.tracking_uri) if run_id else None  # rank 0 records the run
     trainer.add_callback(StepCallback(timer, Progress(timer, reporter), curve,
                                       lambda: quality.score("before", trainer.model, tokenizer, cfg)))
     counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}
     return Session(cfg, device, world, run_id is not None, run_dir, trainer, the_plan, timer, deepspeed, counts,
-                   quality, gputil_before, reporter, curve)
+                   quality, gputil_before, reporter)
 
 
 def cap_memory(cfg: RunConfig, device: str) -> None:
@@ -337,13 +333,14 @@ def fit(s: Session, checkpoint: str | None) -> dict:
     """Train, then answer the held-out questions; the Trainer's train() metrics (runtime, loss, samples/s),
     whichever loop runs, without the time the "before" answers took."""
     callback = s.trainer.callback_handler.callbacks[-1]
-    if s.cfg.torch_compile:
-        from .loop import train_compiled
+    with callback.curve or contextlib.nullcontext():  # the curve is in MLflow once training ends, or fails
+        if s.cfg.torch_compile:
+            from .loop import train_compiled
 
-        raw = train_compiled(s.trainer, s.cfg, s.timer, callback.report,
-                             callback.curve or (lambda step, logs: None), callback.begin)
-    else:
-        raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
+            raw = train_compiled(s.trainer, s.cfg, s.timer, callback.report,
+                                 callback.curve or (lambda step, logs: None), callback.begin)
+        else:
+            raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
         before = s.quality.scores.get("before", {}).get("seconds", 0.0)
         if before:  # the Trainer's clock ran through the "before" answers: take them out of its numbers
             scale = raw["train_runtime"] / (raw["train_runtime"] - before)
@@ -379,8 +376,6 @@ def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
 def record_end(s: Session, metrics: dict, params: dict) -> None:
     import mlflow
 
-    if s.curve:
-        s.curve.write()
     mlflow.log_metrics(metrics)
     mlflow.log_params(params)
     if s.quality.rows:
