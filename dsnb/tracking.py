@@ -327,7 +327,7 @@ class Curve:
         with Curve(run_id, uri) as curve:   # training; the rest is written at the end, also when it raises
             curve(step, {"loss": ..., "grad_norm": ..., "learning_rate": ...})
 
-    One write per logged step cost 7-8 ms on an idle 2-core machine and 34 ms beside the test suite
+    One write per logged step cost 7-8 ms on an idle 2-core machine and 25-34 ms beside the test suite
     (`python benchmarks/mlflow_writes.py`): more than a compiled step, so logging every step made the run measure
     its logging. One batch of 32 steps costs about two single writes.
     """
