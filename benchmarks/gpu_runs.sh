@@ -15,6 +15,8 @@
 #   OUT=out bash benchmarks/gpu_runs.sh profile      # one profiled step of the LoRA recipes that miss their targets
 #   OUT=out bash benchmarks/gpu_runs.sh fast         # the fast recipe: Trainer, compiled, compiled ZeRO-2; host split
 #   OUT=out bash benchmarks/gpu_runs.sh zero2knobs   # compiled LoRA ZeRO-2 with DeepSpeed's per-step checks turned off
+#   ONLY=a,b OUT=out bash benchmarks/gpu_runs.sh scale8b  # 8B full fine-tuning on 1 and 2 GPUs (variants/scale_8b.yaml;
+#                                                    # ONLY picks its cells: all of them take longer than one call)
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -176,8 +178,17 @@ profile)  # where a step of the fast recipe (target 400 samples/s) and of its Ze
   done
   dump profile
   ;;
+scale8b)  # full fine-tuning of the 8B shape, ZeRO-2 and ZeRO-3, optimizer offloaded or not, on one GPU and on two
+  prebuild synthetic:llama-3.1-8b
+  timeout 120 python3 -m dsnb prepare > "$OUT/prepare.log" 2>&1; echo "prepare exit $?"  # CPU Adam, built once
+  free -g | head -2
+  timeout "${LIMIT:-480}" python3 -m dsnb capacity -f variants/scale_8b.yaml --out "$OUT/scale_8b" \
+    ${ONLY:+--only "$ONLY"} --tracking_uri "$DB" > "$OUT/scale_8b.log" 2>&1
+  echo "capacity exit $?"
+  dump scale8b
+  ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b [more]" >&2
   exit 2
   ;;
 esac

@@ -53,7 +53,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
         command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
         try:
-            returncode = _watch(command, {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}, log_file,
+            returncode = _watch(command, child_env(cfg.num_gpus, {**os.environ, **(env or {})}), log_file,
                                 progress_file, bar)
         except BaseException:
             _close(run_id, cfg, log_file, "KILLED")
@@ -65,6 +65,17 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
             print(f"{cfg.name}: the run ended {status} (exit {returncode}); last lines of its log:\n" + _tail(log_file))
     return RunResult.read(cfg.tracking_uri, run_id, returncode=returncode,
                           wall_seconds=time.perf_counter() - started)
+
+
+def child_env(ranks: int, env: dict, cpus: int | None = None) -> dict:
+    """The child's environment. Several ranks share the host's cores: torchrun would give each one thread
+    (OMP_NUM_THREADS=1 where it is unset), and DeepSpeed's CPU Adam, which runs on OpenMP threads, would then
+    update an offloaded optimizer on one core per rank. A value the user set is kept."""
+    env = {**env, "PYTHONUNBUFFERED": "1"}
+    if ranks > 1 and "OMP_NUM_THREADS" not in env:
+        cpus = cpus or len(os.sched_getaffinity(0))
+        env["OMP_NUM_THREADS"] = str(max(1, cpus // ranks))
+    return env
 
 
 def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar) -> int:

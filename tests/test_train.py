@@ -1,9 +1,12 @@
 """Real DeepSpeed on synthetic:tiny on the CPU: ZeRO must not change the math."""
+import json
+import os
+
 import mlflow
 import pytest
 
 from dsnb.config import OFFLINE, RunConfig
-from dsnb.launch import run_all
+from dsnb.launch import child_env, run_all
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +142,19 @@ def test_two_processes_record_each_ranks_peak(tmp_path):
     params = client.get_run(result.run_id).data.params
     assert (int(params["trainable_params"]), int(params["total_params"])) == whole
     env = client.download_artifacts(result.run_id, "environment.json", str(tmp_path))
-    assert '"world_size": 2' in open(env).read()
+    env = json.load(open(env))
+    assert env["world_size"] == 2
+    # torchrun alone would give each rank one thread; the host's cores are shared out instead
+    assert env["cpu_threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def test_ranks_share_the_hosts_cores():
+    """Under torchrun each rank gets its share of the cores (DeepSpeed's CPU Adam runs on them), not torchrun's
+    one thread; a user's OMP_NUM_THREADS is kept, and one process is left alone."""
+    assert child_env(2, {}, cpus=32)["OMP_NUM_THREADS"] == "16"
+    assert child_env(4, {}, cpus=2)["OMP_NUM_THREADS"] == "1"
+    assert child_env(2, {"OMP_NUM_THREADS": "3"}, cpus=32)["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in child_env(1, {}, cpus=32)
 
 
 @pytest.mark.slow  # the first run builds DeepSpeed's async I/O op: ~7 minutes on 2 cores, then cached
