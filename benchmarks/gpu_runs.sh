@@ -16,7 +16,9 @@
 #   OUT=out bash benchmarks/gpu_runs.sh fast         # the fast recipe: Trainer, compiled, compiled ZeRO-2; host split
 #   OUT=out bash benchmarks/gpu_runs.sh zero2knobs   # compiled LoRA ZeRO-2 with DeepSpeed's per-step checks turned off
 #   ONLY=a,b OUT=out bash benchmarks/gpu_runs.sh scale8b  # 8B full fine-tuning on 1 and 2 GPUs (variants/scale_8b.yaml;
-#                                                    # ONLY picks its cells: all of them take longer than one call)
+#                                                    # ONLY picks its cells: all of them take longer than one call;
+#                                                    # BATCH=16 another micro-batch per GPU)
+#   OUT=out bash benchmarks/gpu_runs.sh zero1lora    # compiled LoRA: no DeepSpeed, ZeRO-2, ZeRO-1, ZeRO-1 without hooks
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -180,15 +182,34 @@ profile)  # where a step of the fast recipe (target 400 samples/s) and of its Ze
   ;;
 scale8b)  # full fine-tuning of the 8B shape, ZeRO-2 and ZeRO-3, optimizer offloaded or not, on one GPU and on two
   prebuild synthetic:llama-3.1-8b
-  timeout 120 python3 -m dsnb prepare > "$OUT/prepare.log" 2>&1; echo "prepare exit $?"  # CPU Adam, built once
+  # BATCH=16: another micro-batch per GPU, in an experiment and listing of its own
+  [[ "${ONLY:-offload}" != *offload* ]] || { timeout 120 python3 -m dsnb prepare > "$OUT/prepare.log" 2>&1
+                                             echo "prepare exit $?"; }  # CPU Adam, built once
   free -g | head -2
-  timeout "${LIMIT:-480}" python3 -m dsnb capacity -f variants/scale_8b.yaml --out "$OUT/scale_8b" \
-    ${ONLY:+--only "$ONLY"} --tracking_uri "$DB" > "$OUT/scale_8b.log" 2>&1
+  timeout "${LIMIT:-480}" python3 -m dsnb capacity -f variants/scale_8b.yaml --out "$OUT/scale_8b${BATCH:+_b$BATCH}" \
+    ${ONLY:+--only "$ONLY"} ${BATCH:+--batch_size "$BATCH" --experiment "dsnb_scale_8b_b$BATCH"} --tracking_uri "$DB" \
+    > "$OUT/scale_8b${BATCH:+_b$BATCH}.log" 2>&1
   echo "capacity exit $?"
-  dump scale8b
+  dump "scale8b${BATCH:+_b$BATCH}"
+  ;;
+zero1lora)  # LoRA compiled at batch 8: without DeepSpeed, ZeRO-2, ZeRO-1, and ZeRO-1 with no gradient hooks
+  # (contiguous_gradients and overlap_comm off: DeepSpeed's ZeRO-1/2 optimizer then hooks no parameter)
+  prebuild synthetic:llama-3.2-3b
+  python3 -c "
+import json; from dsnb.bench import bench_configs; from dsnb.zero import deepspeed_config
+c = deepspeed_config(bench_configs(False, 8, 24, 'sqlite:///x')['fast_zero2_compiled'].replace(strategy='zero1'), 1, 0)
+c['zero_optimization'].update(contiguous_gradients=False, overlap_comm=False); json.dump(c, open('/tmp/z1_nohooks.json', 'w'))"
+  for v in fast_compiled fast_zero2_compiled zero1 zero1_nohooks; do
+    case $v in zero1) flags=(--strategy zero1);; zero1_nohooks) flags=(--strategy zero1 --ds_config_path /tmp/z1_nohooks.json);;
+               *) flags=();; esac
+    timeout "${LIMIT:-110}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py "${v/zero1*/fast_zero2_compiled}" 8 24) \
+      "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero1_lora --run_name "lora_$v" > "$OUT/lora_$v.log" 2>&1
+    echo "$v exit $?"
+  done
+  dump zero1lora
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|zero1lora [more]" >&2
   exit 2
   ;;
 esac
