@@ -19,6 +19,7 @@
 #                                                    # ONLY picks its cells: all of them take longer than one call;
 #                                                    # BATCH=16 another micro-batch per GPU)
 #   OUT=out bash benchmarks/gpu_runs.sh zero1lora    # compiled LoRA: no DeepSpeed, ZeRO-2, ZeRO-1, ZeRO-1 without hooks
+#                                                    # (VARIANTS="fast_compiled zero1_nohooks": some of them)
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -199,7 +200,7 @@ zero1lora)  # LoRA compiled at batch 8: without DeepSpeed, ZeRO-2, ZeRO-1, and Z
 import json; from dsnb.bench import bench_configs; from dsnb.zero import deepspeed_config
 c = deepspeed_config(bench_configs(False, 8, 24, 'sqlite:///x')['fast_zero2_compiled'].replace(strategy='zero1'), 1, 0)
 c['zero_optimization'].update(contiguous_gradients=False, overlap_comm=False); json.dump(c, open('/tmp/z1_nohooks.json', 'w'))"
-  for v in fast_compiled fast_zero2_compiled zero1 zero1_nohooks; do
+  for v in ${VARIANTS:-fast_compiled fast_zero2_compiled zero1 zero1_nohooks}; do
     case $v in zero1) flags=(--strategy zero1);; zero1_nohooks) flags=(--strategy zero1 --ds_config_path /tmp/z1_nohooks.json);;
                *) flags=();; esac
     timeout "${LIMIT:-110}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py "${v/zero1*/fast_zero2_compiled}" 8 24) \
