@@ -203,7 +203,7 @@ c['zero_optimization'].update(contiguous_gradients=False, overlap_comm=False); j
   for v in ${VARIANTS:-fast_compiled fast_zero2_compiled zero1 zero1_nohooks}; do
     case $v in zero1) flags=(--strategy zero1);; zero1_nohooks) flags=(--strategy zero1 --ds_config_path /tmp/z1_nohooks.json);;
                *) flags=();; esac
-    timeout "${LIMIT:-110}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py "${v/zero1*/fast_zero2_compiled}" 8 24) \
+    timeout "${LIMIT:-200}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py "${v/zero1*/fast_zero2_compiled}" 8 24) \
       "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero1_lora --run_name "lora_$v" > "$OUT/lora_$v.log" 2>&1
     echo "$v exit $?"
   done

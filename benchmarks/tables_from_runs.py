@@ -116,6 +116,39 @@ def multi_gpu_bars() -> None:
     fig.savefig(os.path.join(HERE, "multi_gpu_memory_h200.png"), dpi=100)
 
 
+def scaling() -> None:
+    """The 8B shape's capacity table (micro-batch 8 per GPU), then each stage's speed-up from one GPU to two at a
+    micro-batch of 8 and, for ZeRO-3, 16 per GPU: scale_8b_h200.md and .png."""
+    capacity(["scale_8b.jsonl"], "variants/scale_8b.yaml", "scale_8b_h200",
+             "python -m dsnb capacity -f variants/scale_8b.yaml --gpus 1 --only ...   (OUT=out bash "
+             "benchmarks/gpu_runs.sh scale8b, in two calls by ONLY; listing: h200_runs/scale_8b.jsonl)")
+    lines = ["", "## From one GPU to two", "",
+             "Efficiency: samples/s on two GPUs over twice the samples/s on one, at the same micro-batch per GPU.", "",
+             "| stage | micro-batch per GPU | 1 GPU samples/s | 2 GPUs samples/s | speed-up | efficiency | "
+             "peak allocated per GPU, 1 -> 2 GPUs |", "|---|---|---|---|---|---|---|"]
+    for listing, batch in (("scale_8b.jsonl", 8), ("scale_8b_b16.jsonl", 16)):
+        runs = {r.name.split()[1]: r.metrics for r in read_runs(listing)}
+        for stage in ("zero2", "zero2_offload", "zero3", "zero3_offload"):
+            one, two = runs.get(f"{stage}_1gpu"), runs.get(f"{stage}_2gpu")
+            if not two:
+                continue
+            label = stage.replace("zero", "ZeRO-").replace("_offload", " + CPU offload (optimizer)")
+            if not one:
+                lines.append(f"| {label} | {batch} | does not fit | {two['samples_per_second']:.2f} | - | - | "
+                             f"- -> {two['peak_gpu_allocated_mb'] / 1024:.1f} GB |")
+                continue
+            speedup = two["samples_per_second"] / one["samples_per_second"]
+            lines.append(f"| {label} | {batch} | {one['samples_per_second']:.2f} | {two['samples_per_second']:.2f} | "
+                         f"{speedup:.2f}x | {100 * speedup / 2:.0f}% | {one['peak_gpu_allocated_mb'] / 1024:.1f} -> "
+                         f"{two['peak_gpu_allocated_mb'] / 1024:.1f} GB |")
+    path = os.path.join(HERE, "scale_8b_h200.md")
+    with open(path) as f:
+        text = f.read()
+    table, note = text.split("\nHow these were measured", 1)
+    with open(path, "w") as f:
+        f.write(table + "\n".join(lines) + "\n\nHow these were measured" + note)
+
+
 if __name__ == "__main__":
     bench()
     table("speed.jsonl", ["full", "full_compiled", "full_zero2_compiled", "full_zero2_compiled_2gpu",
@@ -134,3 +167,4 @@ if __name__ == "__main__":
     capacity(["multi_gpu.jsonl"], "variants/multi_gpu_zero.yaml", "multi_gpu_h200",
              "python -m dsnb capacity -f variants/multi_gpu_zero.yaml --gpus 2   (listing: h200_runs/multi_gpu.jsonl)")
     multi_gpu_bars()
+    scaling()

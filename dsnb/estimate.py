@@ -17,7 +17,9 @@ terms (bytes):
   optimizer    torch AdamW: 2 states in the parameter dtype plus one parameter-sized temporary (foreach);
                DeepSpeed with bf16/fp16: fp32 master + 2 fp32 states = 12 T, and an fp32 gradient copy 4 T
                (measured on the H200: 71.9 GB for 3B full fine-tuning under ZeRO-1 on one GPU), split from
-               stage 1, on the CPU if offloaded
+               stage 1, on the CPU if offloaded; ZeRO-3 on the GPU makes that copy one sub-group at a time
+               during the step (sub_group_size, 1e9 elements), so it counts at most 4 x 1e9 (measured: 8B full
+               fine-tuning under ZeRO-3 on one H200, 128.5 GB against 154.7 GB counted whole)
   activations  per token and layer (8 h + 4 i) elements in the compute dtype (attention and MLP inputs,
                SwiGLU's gate, up and product), plus (5 h + i) half-precision elements that bitsandbytes'
                8-bit matmuls keep for backward; logits: V x (2 + 4 + 4) bytes per token (logits, their
@@ -28,6 +30,10 @@ terms (bytes):
                stage3_max_live_parameters (1e9 elements) at a time; full fine-tuning also holds the
                largest weight's whole gradient (the 128k-vocab embedding) before it is reduce-scattered
                (measured: 3B full under ZeRO-3 + offload peaked 0.8 GB above LoRA)
+  ZeRO-1/2     at start DeepSpeed copies the trainable weights into one flat buffer before it frees them,
+               so the peak is at least the weights plus that copy; with the optimizer offloaded this is
+               the peak (measured: exactly twice the bf16 weights for 3B and 8B full fine-tuning, on one GPU
+               and on two)
 Tokens per micro-batch are the worst case: batch x max_length with max_length padding, batch x the
 longest sample otherwise. The CUDA context (~0.5 GB) is outside the allocator and not counted.
 
@@ -51,6 +57,7 @@ PACK_SHUFFLES = 8
 PROCESS_BASE_MB = 1150  # a training process's RSS beyond its weights (measured: 1,118-1,150 MB, 1B to 8B shapes)
 OFFLOADED_BYTES_PER_TRAINABLE = 22  # host bytes per offloaded trainable parameter (fitted: 1B and 3B, ZeRO-2/3)
 OFFLOADED_PARAM_FACTOR = 1.5  # host bytes per byte of weights ZeRO-3 keeps in CPU RAM (fitted: 1B, 3B, 8B LoRA)
+SUB_GROUP = 1e9  # elements: DeepSpeed's ZeRO-3 sub_group_size default
 REDUCE_BUCKET = 5e8  # elements: DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
 BUCKET_BYTES = 2 * REDUCE_BUCKET * 2  # ZeRO-1/2's reduce and allgather buckets, half precision
 
@@ -71,11 +78,9 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
 
     gpu_weights, cpu_weights = weights, 0.0
     gpu_grads = grads
-    gpu_opt, cpu_opt = optimizer, 0.0
+    gpu_opt, cpu_opt = gpu_optimizer(stage, mixed, states, optimizer, trainable, world_size), 0.0
     if stage is None and world_size > 1:
         gpu_grads = 2 * grads  # DDP's gradient buckets hold a second copy of every gradient
-    if stage is not None and stage >= 1:
-        gpu_opt = optimizer / world_size
     if stage is not None and stage >= 2:
         gpu_grads = grads / world_size
     if stage == 3:
@@ -94,12 +99,25 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     logits = vocab * 2 * act_bytes if cfg.torch_compile else vocab * (act_bytes + 8)
     activations = tokens_per_micro_batch * (layers * per_token_layer + logits)
     gpu = gpu_weights + gpu_grads + gpu_opt + activations
+    if stage in (1, 2):  # at start, ZeRO-1/2 copies the trainable weights into one flat buffer while they still exist
+        gpu = max(gpu, weights + trainable * trainable_bytes)
     cpu = cpu_weights + cpu_opt
     return {"est_peak_gpu_mb": gpu / MB, "est_peak_host_mb": host_ram_mb(cfg, config, trainable, world_size),
             "est_peak_cpu_offload_mb": cpu / MB,
             "est_weights_mb": gpu_weights / MB,
             "est_grads_mb": gpu_grads / MB, "est_optimizer_mb": gpu_opt / MB, "est_optimizer_states_mb": states / MB,
             "est_activations_mb": activations / MB}
+
+
+def gpu_optimizer(stage: int | None, mixed: bool, states: float, optimizer: float, trainable: int,
+                  world_size: int) -> float:
+    """The optimizer's bytes on each GPU: whole without ZeRO, split from stage 1; ZeRO-3 makes its fp32
+    gradient copy one sub-group at a time."""
+    if stage is None or stage < 1:
+        return optimizer
+    if stage == 3 and mixed:
+        return states / world_size + 4 * min(trainable / world_size, SUB_GROUP)
+    return optimizer / world_size
 
 
 def linear_params(config) -> int:

@@ -55,6 +55,25 @@ def test_zero_stages_and_offload_move_state_off_the_gpu():
     assert gpu["z3off"]["est_peak_cpu_offload_mb"] > 15_000  # 12 bytes per parameter of optimizer state, halved
 
 
+def test_deepspeeds_transient_copies_set_the_peak():
+    """ZeRO-1/2 copy the trainable weights into a flat buffer at start (with the optimizer offloaded that is the
+    peak: twice the bf16 weights, measured for 3B and 8B on one and two GPUs); ZeRO-3 makes its fp32 gradient
+    copy one 1e9-element sub-group at a time, not whole (8B on one H200: 128.5 GB, where whole gives 154.7)."""
+    from transformers import LlamaConfig
+
+    from dsnb.estimate import SUB_GROUP, total_params
+    from dsnb.model import SHAPES
+
+    shape = LlamaConfig(**SHAPES["llama-3.1-8b"], head_dim=128)
+    n = total_params(shape)
+    full = dict(quantization="none", lora_r=0, dtype="bf16")
+    for world in (1, 2):
+        offloaded = estimate_memory(RunConfig(**full, strategy="zero2", offload_optimizer="cpu"), shape, n, 512, world)
+        assert offloaded["est_peak_gpu_mb"] == pytest.approx(2 * 2 * n / MB)
+    z3 = estimate_memory(RunConfig(**full, strategy="zero3"), shape, n, 512)
+    assert z3["est_optimizer_mb"] == pytest.approx((12 * n + 4 * SUB_GROUP) / MB)
+
+
 def test_tokens_per_micro_batch_is_the_worst_case():
     from dsnb.model import load_tokenizer
 
