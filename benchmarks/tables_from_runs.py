@@ -118,35 +118,58 @@ def multi_gpu_bars() -> None:
 
 def scaling() -> None:
     """The 8B shape's capacity table (micro-batch 8 per GPU), then each stage's speed-up from one GPU to two at a
-    micro-batch of 8 and, for ZeRO-3, 16 per GPU: scale_8b_h200.md and .png."""
+    micro-batch of 8 and, for ZeRO-3, 16 per GPU: scale_8b_h200.md and .png, and scale_8b_scaling_h200.png."""
     capacity(["scale_8b.jsonl"], "variants/scale_8b.yaml", "scale_8b_h200",
              "python -m dsnb capacity -f variants/scale_8b.yaml --gpus 1 --only ...   (OUT=out bash "
              "benchmarks/gpu_runs.sh scale8b, in two calls by ONLY; listing: h200_runs/scale_8b.jsonl)")
-    lines = ["", "## From one GPU to two", "",
-             "Efficiency: samples/s on two GPUs over twice the samples/s on one, at the same micro-batch per GPU.", "",
-             "| stage | micro-batch per GPU | 1 GPU samples/s | 2 GPUs samples/s | speed-up | efficiency | "
-             "peak allocated per GPU, 1 -> 2 GPUs |", "|---|---|---|---|---|---|---|"]
+    rows = []  # (label, micro-batch, 1-GPU metrics or None, 2-GPU metrics)
     for listing, batch in (("scale_8b.jsonl", 8), ("scale_8b_b16.jsonl", 16)):
         runs = {r.name.split()[1]: r.metrics for r in read_runs(listing)}
         for stage in ("zero2", "zero2_offload", "zero3", "zero3_offload"):
-            one, two = runs.get(f"{stage}_1gpu"), runs.get(f"{stage}_2gpu")
-            if not two:
-                continue
-            label = stage.replace("zero", "ZeRO-").replace("_offload", " + CPU offload (optimizer)")
-            if not one:
-                lines.append(f"| {label} | {batch} | does not fit | {two['samples_per_second']:.2f} | - | - | "
-                             f"- -> {two['peak_gpu_allocated_mb'] / 1024:.1f} GB |")
-                continue
-            speedup = two["samples_per_second"] / one["samples_per_second"]
-            lines.append(f"| {label} | {batch} | {one['samples_per_second']:.2f} | {two['samples_per_second']:.2f} | "
-                         f"{speedup:.2f}x | {100 * speedup / 2:.0f}% | {one['peak_gpu_allocated_mb'] / 1024:.1f} -> "
-                         f"{two['peak_gpu_allocated_mb'] / 1024:.1f} GB |")
+            if f"{stage}_2gpu" in runs:
+                label = stage.replace("zero", "ZeRO-").replace("_offload", " + CPU offload (optimizer)")
+                rows.append((label, batch, runs.get(f"{stage}_1gpu"), runs[f"{stage}_2gpu"]))
+    lines = ["", "## From one GPU to two", "",
+             "Efficiency: samples/s on two GPUs over twice the samples/s on one, at the same micro-batch per GPU "
+             "(scale_8b_scaling_h200.png).", "",
+             "| stage | micro-batch per GPU | 1 GPU samples/s | 2 GPUs samples/s | speed-up | efficiency | "
+             "peak allocated per GPU, 1 -> 2 GPUs |", "|---|---|---|---|---|---|---|"]
+    for label, batch, one, two in rows:
+        gb = f"{one['peak_gpu_allocated_mb'] / 1024:.1f}" if one else "-"
+        speed = f"{one['samples_per_second']:.2f}" if one else "does not fit"
+        up = two["samples_per_second"] / one["samples_per_second"] if one else None
+        lines.append(f"| {label} | {batch} | {speed} | {two['samples_per_second']:.2f} | "
+                     f"{f'{up:.2f}x' if up else '-'} | {f'{50 * up:.0f}%' if up else '-'} | "
+                     f"{gb} -> {two['peak_gpu_allocated_mb'] / 1024:.1f} GB |")
     path = os.path.join(HERE, "scale_8b_h200.md")
     with open(path) as f:
         text = f.read()
     table, note = text.split("\nHow these were measured", 1)
     with open(path, "w") as f:
         f.write(table + "\n".join(lines) + "\n\nHow these were measured" + note)
+    scaling_bars(rows)
+
+
+def scaling_bars(rows) -> None:
+    """samples/s on one GPU and on two for each stage, labelled with the efficiency."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    fig = Figure(figsize=(8, 4))
+    ax = fig.subplots()
+    for i, (_, _, one, two) in enumerate(rows):
+        if one:
+            ax.bar(i - 0.2, one["samples_per_second"], 0.4, color="#90caf9")
+        ax.bar(i + 0.2, two["samples_per_second"], 0.4, color="#1565c0")
+        note = f"{50 * two['samples_per_second'] / one['samples_per_second']:.0f}%" if one else "not on 1"
+        ax.annotate(note, (i, two["samples_per_second"]), ha="center", va="bottom", fontsize=9)
+    ax.set(xticks=range(len(rows)), ylabel="samples/s",
+           xticklabels=[f"{label.replace(' (optimizer)', '')}\nmicro-batch {batch}" for label, batch, _, _ in rows],
+           title="8B full fine-tuning, one H200 vs two: samples/s and scaling efficiency")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(handles=[Patch(color="#90caf9", label="1 GPU"), Patch(color="#1565c0", label="2 GPUs")])
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, "scale_8b_scaling_h200.png"), dpi=100)
 
 
 if __name__ == "__main__":
