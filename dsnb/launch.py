@@ -67,14 +67,16 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
                           wall_seconds=time.perf_counter() - started)
 
 
-def child_env(ranks: int, env: dict, cpus: int | None = None) -> dict:
-    """The child's environment. Several ranks share the host's cores: torchrun would give each one thread
-    (OMP_NUM_THREADS=1 where it is unset), and DeepSpeed's CPU Adam, which runs on OpenMP threads, would then
-    update an offloaded optimizer on one core per rank. A value the user set is kept."""
+def child_env(processes: int, env: dict, cpus: int | None = None) -> dict:
+    """The environment of a child that shares the host's cores with `processes` - 1 others (its torchrun ranks,
+    or variants side by side on other GPUs): OMP_NUM_THREADS = its share. Unset, torchrun would give each rank
+    one thread, and side-by-side children would each take every core; DeepSpeed's CPU Adam runs on these
+    OpenMP threads, so an offloaded optimizer would update on one core per rank, or fight the other runs for
+    the cores. A value the user set is kept."""
     env = {**env, "PYTHONUNBUFFERED": "1"}
-    if ranks > 1 and "OMP_NUM_THREADS" not in env:
+    if processes > 1 and "OMP_NUM_THREADS" not in env:
         cpus = cpus or len(os.sched_getaffinity(0))
-        env["OMP_NUM_THREADS"] = str(max(1, cpus // ranks))
+        env["OMP_NUM_THREADS"] = str(max(1, cpus // processes))
     return env
 
 
@@ -178,7 +180,9 @@ def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1,
     def run(i: int, side_by_side: bool) -> RunResult:
         gpu = free.pop() if side_by_side else None
         try:
-            env = {"CUDA_VISIBLE_DEVICES": gpu} if side_by_side else {}
+            # side by side, each run gets its share of the cores too
+            env = {"CUDA_VISIBLE_DEVICES": gpu,
+                   "OMP_NUM_THREADS": child_env(gpus, dict(os.environ))["OMP_NUM_THREADS"]} if side_by_side else {}
             return run_variant(cfgs[i], progress=progress and not side_by_side, tags=tags[i] if tags else None,
                                env=env)
         finally:

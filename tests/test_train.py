@@ -150,7 +150,8 @@ def test_two_processes_record_each_ranks_peak(tmp_path):
 
 def test_ranks_share_the_hosts_cores():
     """Under torchrun each rank gets its share of the cores (DeepSpeed's CPU Adam runs on them), not torchrun's
-    one thread; a user's OMP_NUM_THREADS is kept, and one process is left alone."""
+    one thread, and so does each of the variants run side by side; a user's OMP_NUM_THREADS is kept, and one
+    process alone is left alone."""
     assert child_env(2, {}, cpus=32)["OMP_NUM_THREADS"] == "16"
     assert child_env(4, {}, cpus=2)["OMP_NUM_THREADS"] == "1"
     assert child_env(2, {"OMP_NUM_THREADS": "3"}, cpus=32)["OMP_NUM_THREADS"] == "3"
