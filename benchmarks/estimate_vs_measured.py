@@ -73,9 +73,9 @@ the model's shape, the GPU count and the tokenized data; measured values are the
 FOOTER = """
 The misses:
 - ZeRO-2 with optimizer offload under full fine-tuning peaks at the start, when DeepSpeed copies the bf16
-  weights into one flat buffer before freeing them: exactly twice the weights for the 3B and 8B shapes, on
-  one GPU and on two, which the estimate now counts. The 1B shape (tied embeddings) peaked 1.2 GB above
-  that (-18%), not explained here.
+  weights into one flat buffer before freeing them: exactly twice the weights for the 3B shape on one GPU
+  and the 8B shape on one and on two, which the estimate now counts. The 1B shape (tied embeddings) peaked
+  1.2 GB above the estimate (2.1 GB above twice its weights; -18%), not explained here.
 - ZeRO-3 with only the optimizer offloaded, 8B on two GPUs (-21%; -12% on one): not explained here.
 - The packed throughput mode (+24%): see the note on the synthetic set below.
 - The 8B run capped at 15 GB peaked 0.9 GB above the uncapped map cell of the same variant (7.4 against

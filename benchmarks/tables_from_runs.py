@@ -136,7 +136,7 @@ def scaling() -> None:
              "peak allocated per GPU, 1 -> 2 GPUs |", "|---|---|---|---|---|---|---|"]
     for label, batch, one, two in rows:
         gb = f"{one['peak_gpu_allocated_mb'] / 1024:.1f}" if one else "-"
-        speed = f"{one['samples_per_second']:.2f}" if one else "does not fit"
+        speed = f"{one['samples_per_second']:.2f}" if one else "not run (estimated over the GPU)"
         up = two["samples_per_second"] / one["samples_per_second"] if one else None
         lines.append(f"| {label} | {batch} | {speed} | {two['samples_per_second']:.2f} | "
                      f"{f'{up:.2f}x' if up else '-'} | {f'{50 * up:.0f}%' if up else '-'} | "

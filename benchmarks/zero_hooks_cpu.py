@@ -1,6 +1,8 @@
 """What DeepSpeed's per-parameter gradient hooks cost a compiled LoRA step, on the CPU (synthetic:tiny, fp32).
 
-    python benchmarks/zero_hooks_cpu.py > benchmarks/results/zero_hooks_cpu.md      # about 4 minutes on 2 cores
+    python benchmarks/zero_hooks_cpu.py      # prints a table; about 4 minutes on 2 cores
+
+benchmarks/results/zero_hooks_cpu.md holds one run's table and what two runs showed.
 
 The compiled LoRA step under ZeRO-2 is host-bound on the H200 (profile_lora_h200.md). DeepSpeed's ZeRO-1/2
 optimizer hooks every trainable parameter when gradients are partitioned (stage 2), overlapped with backward

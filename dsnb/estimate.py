@@ -31,9 +31,11 @@ terms (bytes):
                largest weight's whole gradient (the 128k-vocab embedding) before it is reduce-scattered
                (measured: 3B full under ZeRO-3 + offload peaked 0.8 GB above LoRA)
   ZeRO-1/2     at start DeepSpeed copies the trainable weights into one flat buffer before it frees them,
-               so the peak is at least the weights plus that copy; with the optimizer offloaded this is
-               the peak (measured: exactly twice the bf16 weights for 3B and 8B full fine-tuning, on one GPU
-               and on two)
+               on the GPU where NVML reports room for it (else on the CPU, and the start-up peak is the
+               weights alone: on a GPU smaller than twice the weights this term overstates), so the peak is
+               at least the weights plus that copy; with the optimizer offloaded it is the peak (measured:
+               exactly twice the bf16 weights for 3B full fine-tuning on one H200 and 8B on one and on two),
+               and est_peak_gpu_mb is then more than the sum of the est_*_mb terms
 Tokens per micro-batch are the worst case: batch x max_length with max_length padding, batch x the
 longest sample otherwise. The CUDA context (~0.5 GB) is outside the allocator and not counted.
 

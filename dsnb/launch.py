@@ -74,8 +74,8 @@ def child_env(processes: int, env: dict, cpus: int | None = None) -> dict:
     OpenMP threads, so an offloaded optimizer would update on one core per rank, or fight the other runs for
     the cores. A value the user set is kept."""
     env = {**env, "PYTHONUNBUFFERED": "1"}
-    if processes > 1 and "OMP_NUM_THREADS" not in env:
-        cpus = cpus or len(os.sched_getaffinity(0))
+    if processes > 1 and not env.get("OMP_NUM_THREADS"):
+        cpus = cpus or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         env["OMP_NUM_THREADS"] = str(max(1, cpus // processes))
     return env
 

@@ -214,7 +214,8 @@ def environment(device: str) -> dict:
 
     env = {"python": sys.version.split()[0], "platform": platform.platform(), "processor": platform.processor(),
            "cpu_count": os.cpu_count(), "device": device, "world_size": int(os.environ.get("WORLD_SIZE", 1)),
-           "cpu_threads": torch.get_num_threads(), "packages": {}}
+           "cpu_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+           "packages": {}}
     for name in PACKAGES:
         with contextlib.suppress(metadata.PackageNotFoundError):
             env["packages"][name] = metadata.version(name)

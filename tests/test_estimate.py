@@ -57,7 +57,7 @@ def test_zero_stages_and_offload_move_state_off_the_gpu():
 
 def test_deepspeeds_transient_copies_set_the_peak():
     """ZeRO-1/2 copy the trainable weights into a flat buffer at start (with the optimizer offloaded that is the
-    peak: twice the bf16 weights, measured for 3B and 8B on one and two GPUs); ZeRO-3 makes its fp32 gradient
+    peak: twice the bf16 weights, measured for 3B on one H200 and 8B on one and two); ZeRO-3 makes its fp32 gradient
     copy one 1e9-element sub-group at a time, not whole (8B on one H200: 128.5 GB, where whole gives 154.7)."""
     from transformers import LlamaConfig
 

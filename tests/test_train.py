@@ -145,7 +145,8 @@ def test_two_processes_record_each_ranks_peak(tmp_path):
     env = json.load(open(env))
     assert env["world_size"] == 2
     # torchrun alone would give each rank one thread; the host's cores are shared out instead (or the user's value)
-    assert env["cpu_threads"] == int(os.environ.get("OMP_NUM_THREADS") or max(1, len(os.sched_getaffinity(0)) // 2))
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert env["omp_num_threads"] == (os.environ.get("OMP_NUM_THREADS") or share)
 
 
 def test_ranks_share_the_hosts_cores():
@@ -155,6 +156,7 @@ def test_ranks_share_the_hosts_cores():
     assert child_env(2, {}, cpus=32)["OMP_NUM_THREADS"] == "16"
     assert child_env(4, {}, cpus=2)["OMP_NUM_THREADS"] == "1"
     assert child_env(2, {"OMP_NUM_THREADS": "3"}, cpus=32)["OMP_NUM_THREADS"] == "3"
+    assert child_env(2, {"OMP_NUM_THREADS": ""}, cpus=32)["OMP_NUM_THREADS"] == "16"  # empty is unset
     assert "OMP_NUM_THREADS" not in child_env(1, {}, cpus=32)
 
 
