@@ -196,10 +196,7 @@ scale8b)  # full fine-tuning of the 8B shape, ZeRO-2 and ZeRO-3, optimizer offlo
 zero1lora)  # LoRA compiled at batch 8: without DeepSpeed, ZeRO-2, ZeRO-1, and ZeRO-1 with no gradient hooks
   # (contiguous_gradients and overlap_comm off: DeepSpeed's ZeRO-1/2 optimizer then hooks no parameter)
   prebuild synthetic:llama-3.2-3b
-  python3 -c "
-import json; from dsnb.bench import bench_configs; from dsnb.zero import deepspeed_config
-c = deepspeed_config(bench_configs(False, 8, 24, 'sqlite:///x')['fast_zero2_compiled'].replace(strategy='zero1'), 1, 0)
-c['zero_optimization'].update(contiguous_gradients=False, overlap_comm=False); json.dump(c, open('/tmp/z1_nohooks.json', 'w'))"
+  python3 benchmarks/zero_hooks_cpu.py --gpu-config /tmp/z1_nohooks.json
   for v in ${VARIANTS:-fast_compiled fast_zero2_compiled zero1 zero1_nohooks}; do
     case $v in zero1) flags=(--strategy zero1);; zero1_nohooks) flags=(--strategy zero1 --ds_config_path /tmp/z1_nohooks.json);;
                *) flags=();; esac

@@ -1,6 +1,8 @@
 """What DeepSpeed's per-parameter gradient hooks cost a compiled LoRA step, on the CPU (synthetic:tiny, fp32).
 
     python benchmarks/zero_hooks_cpu.py      # prints a table; about 4 minutes on 2 cores
+    python benchmarks/zero_hooks_cpu.py --gpu-config /tmp/z1.json   # only the 3B shape's no-hooks DeepSpeed
+                                                                    # config, for gpu_runs.sh zero1lora
 
 benchmarks/results/zero_hooks_cpu.md holds one run's table and what two runs showed.
 
@@ -22,16 +24,24 @@ from dsnb.zero import deepspeed_config
 REPEATS = 3
 
 
-def main() -> None:
-    tmp = tempfile.mkdtemp(prefix="zero_hooks_")
-    cfgs = bench_configs(True, 5, 30, f"sqlite:///{tmp}/mlflow.db")
-    zero2 = cfgs["fast_zero2_compiled"]
-    zero1 = zero2.replace(strategy="zero1", run_name="fast_zero1_compiled")
+def no_hooks_config(zero1, path: str) -> None:
+    """Write zero1's DeepSpeed config with contiguous_gradients and overlap_comm off: no gradient hooks."""
     config = deepspeed_config(zero1, 1, 0)
     config["zero_optimization"].update(contiguous_gradients=False, overlap_comm=False)
-    path = os.path.join(tmp, "zero1_no_hooks.json")
     with open(path, "w") as f:
         json.dump(config, f)
+
+
+def main() -> None:
+    tmp = tempfile.mkdtemp(prefix="zero_hooks_")
+    offline = sys.argv[1:2] != ["--gpu-config"]
+    cfgs = bench_configs(offline, 5, 30, f"sqlite:///{tmp}/mlflow.db")
+    zero2 = cfgs["fast_zero2_compiled"]
+    zero1 = zero2.replace(strategy="zero1", run_name="fast_zero1_compiled")
+    if not offline:
+        return no_hooks_config(zero1, sys.argv[2])
+    path = os.path.join(tmp, "zero1_no_hooks.json")
+    no_hooks_config(zero1, path)
     variants = [cfgs["fast_compiled"], zero2, zero1, zero1.replace(ds_config_path=path,
                                                                    run_name="fast_zero1_no_hooks_compiled")]
     jobs = [v for _ in range(REPEATS) for v in variants]

@@ -32,10 +32,12 @@ _ACTIVE: set[subprocess.Popen] = set()  # children running now, stopped together
 _LOCK = threading.Lock()
 
 
-def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None, env: dict | None = None) -> RunResult:
+def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None, env: dict | None = None,
+                beside: int = 1) -> RunResult:
     """Run cfg in a fresh Python process as one MLflow run; never raises for a failed run.
 
-    env adds variables to the child's environment (CUDA_VISIBLE_DEVICES, say).
+    env adds variables to the child's environment (CUDA_VISIBLE_DEVICES, say); beside: how many variants share the
+    host at once (their cores are shared out: child_env).
     """
     from tqdm.auto import tqdm
 
@@ -53,7 +55,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
         command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
         try:
-            returncode = _watch(command, child_env(cfg.num_gpus, {**os.environ, **(env or {})}), log_file,
+            returncode = _watch(command, child_env(cfg.num_gpus * beside, {**os.environ, **(env or {})}), log_file,
                                 progress_file, bar)
         except BaseException:
             _close(run_id, cfg, log_file, "KILLED")
@@ -180,11 +182,9 @@ def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1,
     def run(i: int, side_by_side: bool) -> RunResult:
         gpu = free.pop() if side_by_side else None
         try:
-            # side by side, each run gets its share of the cores too
-            env = {"CUDA_VISIBLE_DEVICES": gpu,
-                   "OMP_NUM_THREADS": child_env(gpus, dict(os.environ))["OMP_NUM_THREADS"]} if side_by_side else {}
+            env = {"CUDA_VISIBLE_DEVICES": gpu} if side_by_side else {}
             return run_variant(cfgs[i], progress=progress and not side_by_side, tags=tags[i] if tags else None,
-                               env=env)
+                               env=env, beside=gpus if side_by_side else 1)
         finally:
             if gpu is not None:
                 free.append(gpu)
