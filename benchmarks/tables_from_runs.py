@@ -184,6 +184,12 @@ if __name__ == "__main__":
           "OUT=out bash benchmarks/gpu_runs.sh profile   (h200_runs/profile.jsonl)", 8, 24, 1, "profile_fast_compiled")
     table("fast.jsonl", ["fast", "fast_compiled", "fast_zero2_compiled"], "fast_recipe_h200",
           "OUT=out bash benchmarks/gpu_runs.sh fast   (h200_runs/fast.jsonl)", 8, 24, 1, "fast", repeats=True)
+    table("zero_graphs.jsonl", ["lora_fast_compiled", "lora_fast_compiled_2", "lora_zero2_graphs",
+                                "lora_zero2_nosync_graphs", "lora_zero2_nosync_graphs_2",
+                                "lora_zero1_nohooks_nocheck_graphs"], "zero_graphs_h200",
+          "OUT=out PROFILE=zero2_nosync_graphs_2 bash benchmarks/gpu_runs.sh zerographs   "
+          "(h200_runs/zero_graphs.jsonl)",
+          8, 24, 1, "lora_fast_compiled")
     capacity(["capacity.jsonl", "capacity_zero3.jsonl", "big.jsonl"], "variants/capacity_map.yaml", "capacity_map_h200",
              "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.jsonl, "
              "then capacity_zero3.jsonl and big.jsonl)")

@@ -1,8 +1,8 @@
 """What DeepSpeed's per-parameter gradient hooks cost a compiled LoRA step, on the CPU (synthetic:tiny, fp32).
 
     python benchmarks/zero_hooks_cpu.py      # prints a table; about 4 minutes on 2 cores
-    python benchmarks/zero_hooks_cpu.py --gpu-config /tmp/z1.json   # only the 3B shape's no-hooks DeepSpeed
-                                                                    # config, for gpu_runs.sh zero1lora
+    python benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds   # only the 3B shape's DeepSpeed configs of the
+                                                                # variants below, for gpu_runs.sh zero1lora/zerographs
 
 benchmarks/results/zero_hooks_cpu.md holds one run's table and what two runs showed.
 
@@ -32,14 +32,31 @@ def no_hooks_config(zero1, path: str) -> None:
         json.dump(config, f)
 
 
+def gpu_configs(zero2, zero1, folder: str) -> None:
+    """The GPU variants' DeepSpeed configs (bf16, one GPU): ZeRO-1 without hooks, with and without bf16's
+    per-step overflow check (it reads a flag back to the host); ZeRO-2 with that check and overlap_comm (which
+    synchronizes the device after backward) on, as dsnb built it before, and off, as dsnb builds it now."""
+    os.makedirs(folder, exist_ok=True)
+    for name, cfg, zero, check in (
+            ("z1_nohooks", zero1, dict(contiguous_gradients=False, overlap_comm=False), True),
+            ("z1_nohooks_nocheck", zero1, dict(contiguous_gradients=False, overlap_comm=False), False),
+            ("z2_syncs", zero2, dict(overlap_comm=True), True),
+            ("z2_nosync", zero2, dict(overlap_comm=False), False)):
+        config = deepspeed_config(cfg, 1, 0)
+        config["zero_optimization"].update(zero)
+        config["bf16"]["check_grad_overflow"] = check
+        with open(os.path.join(folder, f"{name}.json"), "w") as f:
+            json.dump(config, f)
+
+
 def main() -> None:
     tmp = tempfile.mkdtemp(prefix="zero_hooks_")
-    offline = sys.argv[1:2] != ["--gpu-config"]
+    offline = sys.argv[1:2] != ["--gpu-configs"]
     cfgs = bench_configs(offline, 5, 30, f"sqlite:///{tmp}/mlflow.db")
     zero2 = cfgs["fast_zero2_compiled"]
     zero1 = zero2.replace(strategy="zero1", run_name="fast_zero1_compiled")
     if not offline:
-        return no_hooks_config(zero1, sys.argv[2])
+        return gpu_configs(zero2, zero1, sys.argv[2])
     path = os.path.join(tmp, "zero1_no_hooks.json")
     no_hooks_config(zero1, path)
     variants = [cfgs["fast_compiled"], zero2, zero1, zero1.replace(ds_config_path=path,

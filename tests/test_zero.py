@@ -97,3 +97,18 @@ def test_nvme_parameter_buffers_hold_the_largest_weight():
     assert "stage3_max_reuse_distance" not in deepspeed_config(cfg.replace(offload_param="cpu"))["zero_optimization"]
     tiny = RunConfig(**OFFLINE)
     assert largest_weight(model_config(tiny.model)) == 26_880  # synthetic:tiny's embedding, read from its config
+
+
+def test_no_per_step_host_sync_where_nothing_needs_it():
+    """overlap_comm synchronizes the device after each backward: kept where there is a reduction (several GPUs), a
+    copy to an offloaded optimizer, or ZeRO-3's fetches to overlap; bf16 drops DeepSpeed's overflow check (no loss
+    scale to adjust), fp16 keeps its loss scaler's."""
+    def built(world=1, **changes):
+        return deepspeed_config(RunConfig(**{"strategy": "zero2", "dtype": "bf16", **changes}), world)
+
+    assert built()["zero_optimization"]["overlap_comm"] is False
+    assert all(built(world, **changes)["zero_optimization"]["overlap_comm"]
+               for world, changes in ((2, {}), (1, {"offload_optimizer": "cpu"}),
+                                      (1, {"strategy": "zero3", "quantization": "none"})))
+    assert built()["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert built(dtype="fp16")["bf16"] == {"enabled": False} and built(dtype="fp16")["fp16"] == {"enabled": True}
