@@ -21,7 +21,7 @@
 #   OUT=out bash benchmarks/gpu_runs.sh zero1lora    # compiled LoRA: no DeepSpeed, ZeRO-2, ZeRO-1, ZeRO-1 without hooks
 #                                                    # (VARIANTS="fast_compiled zero1_nohooks": some of them)
 #   OUT=out bash benchmarks/gpu_runs.sh zerographs   # the same replayed as CUDA graphs, DeepSpeed's host syncs on/off
-#   OUT=out bash benchmarks/gpu_runs.sh graphscheck  # compiled ZeRO-2 with and without CUDA graphs: grad_accum 2, fp16
+#   OUT=out bash benchmarks/gpu_runs.sh graphscheck  # compiled steps with CUDA graphs and without: grad_accum 2, fp16
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -208,45 +208,40 @@ zero1lora)  # LoRA compiled at batch 8: without DeepSpeed, ZeRO-2, ZeRO-1, and Z
   done
   dump zero1lora
   ;;
-zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) replayed as CUDA graphs (DSNB_ZERO_CUDAGRAPHS=1)
-  # beside the plain compiled step; ZeRO-2 with DeepSpeed's per-step host syncs (bf16 overflow check, overlap_comm)
-  # on, as dsnb built it before, and off ("nosync", as dsnb builds it now);
-  # a name ending in _2 is a repeat; a run still in its first step near its limit dumps its Python stacks (log tails)
+zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) replayed as CUDA graphs, beside the plain
+  # compiled step; ZeRO-2 with DeepSpeed's per-step host syncs (bf16 overflow check, overlap_comm) on, as dsnb built it
+  # before, and off ("nosync", as dsnb builds it now); a name ending in _2 is a repeat; PROFILE=name profiles one
   prebuild synthetic:llama-3.2-3b
   python3 benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds
   for v in ${VARIANTS:-fast_compiled zero2_graphs zero2_nosync_graphs zero1_nohooks_nocheck_graphs fast_compiled_2 \
                        zero2_nosync_graphs_2}; do
-    base=fast_zero2_compiled graphs=0 flags=() env=()
-    case ${v%_2} in fast_compiled) base=fast_compiled;; *graphs) graphs=1;; esac
+    base=fast_zero2_compiled flags=() env=()
+    [ "${v%_2}" != fast_compiled ] || base=fast_compiled
     case ${v%_2} in zero1_nohooks_graphs) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks.json);;
       zero1_nohooks_nocheck_graphs) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks_nocheck.json);;
       zero2_graphs) flags=(--ds_config_path /tmp/ds/z2_syncs.json);;
       zero2_nosync_graphs) flags=(--ds_config_path /tmp/ds/z2_nosync.json);; esac
     [ "$v" != "${PROFILE:-}" ] || env=(DSNB_PROFILE="$OUT/profile_lora_$v.txt")
-    limit=${LIMIT:-200}
-    (sleep $((limit - 10)); pkill -ABRT -f dsnb.child) & watchdog=$!
-    env "${env[@]}" DSNB_ZERO_CUDAGRAPHS=$graphs PYTHONFAULTHANDLER=1 TORCH_LOGS=perf_hints timeout "$limit" \
-      python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 24) "${flags[@]}" --tracking_uri "$DB" \
-      --experiment dsnb_zero_graphs --run_name "lora_$v" > "$OUT/lora_$v.log" 2>&1
-    echo "$v exit $?"; kill $watchdog 2>/dev/null
+    env "${env[@]}" TORCH_LOGS=perf_hints timeout "${LIMIT:-200}" python3 -m dsnb run \
+      $(python3 benchmarks/bench_flags.py $base 8 24) "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero_graphs \
+      --run_name "lora_$v" > "$OUT/lora_$v.log" 2>&1
+    echo "$v exit $?"
   done
   dump zerographs
   ;;
-graphscheck)  # compiled ZeRO-2 as dsnb now runs it (CUDA graphs, no per-step host syncs) against DSNB_ZERO_CUDAGRAPHS=0:
-  # loss curves at grad_accum 2 and in fp16 (the T4's dtype), and its step beside the plain compiled one
+graphscheck)  # CUDA graphs against none (DSNB_CUDAGRAPHS=0) where gradients are summed over 2 micro-batches: compiled
+  # without DeepSpeed (its own .grad buffers) and ZeRO-2 (its buckets), then ZeRO-2 in fp16 (the T4's dtype, with
+  # DeepSpeed's loss scaler); the listing, with each run's loss curve, is rewritten after every run
   prebuild synthetic:llama-3.2-3b
-  for v in ${VARIANTS:-z2_ga2 z2_ga2_nographs fast_compiled fast_zero2_compiled z2_fp16 z2_fp16_nographs}; do
+  for v in ${VARIANTS:-plain_ga2 plain_ga2_nographs z2_ga2 z2_ga2_nographs z2_fp16 z2_fp16_nographs}; do
     base=fast_zero2_compiled graphs=1 flags=()
-    [ "$v" != fast_compiled ] || base=fast_compiled
+    [[ $v != plain* ]] || base=fast_compiled
     [[ $v != *nographs ]] || graphs=0
     [[ $v != *ga2* ]] || flags+=(--grad_accum 2)
     [[ $v != *fp16* ]] || flags+=(--dtype fp16)
-    limit=${LIMIT:-170}
-    (sleep $((limit - 10)); pkill -ABRT -f dsnb.child) & watchdog=$!
-    DSNB_ZERO_CUDAGRAPHS=$graphs PYTHONFAULTHANDLER=1 timeout "$limit" python3 -m dsnb run \
-      $(python3 benchmarks/bench_flags.py $base 8 24) "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_graphs_check \
-      --run_name "$v" > "$OUT/$v.log" 2>&1
-    echo "$v exit $?"; kill $watchdog 2>/dev/null
+    DSNB_CUDAGRAPHS=$graphs timeout "${LIMIT:-150}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 24) \
+      "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_graphs_check --run_name "$v" > "$OUT/$v.log" 2>&1
+    echo "$v exit $?"; dump graphscheck > /dev/null
   done
   dump graphscheck
   ;;

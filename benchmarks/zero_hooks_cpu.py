@@ -50,8 +50,10 @@ def gpu_configs(zero2, zero1, folder: str) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] and (sys.argv[1] != "--gpu-configs" or len(sys.argv) != 3):
+        sys.exit("usage: python benchmarks/zero_hooks_cpu.py [--gpu-configs FOLDER]")
     tmp = tempfile.mkdtemp(prefix="zero_hooks_")
-    offline = sys.argv[1:2] != ["--gpu-configs"]
+    offline = not sys.argv[1:]
     cfgs = bench_configs(offline, 5, 30, f"sqlite:///{tmp}/mlflow.db")
     zero2 = cfgs["fast_zero2_compiled"]
     zero1 = zero2.replace(strategy="zero1", run_name="fast_zero1_compiled")

@@ -3,6 +3,7 @@
     metrics = train_compiled(trainer, cfg, timer, on_step, on_log)    # instead of trainer.train()
     DSNB_PROFILE=step.txt python -m dsnb run ... --torch_compile true # also profile the last untimed step
     DSNB_LOSS_SCALE=1 ...                                             # the fp16 loss scaler on an fp32 run (its math)
+    DSNB_CUDAGRAPHS=0 ...                                             # compiled, but no CUDA graphs on a GPU
 
 Why: on a 3B LoRA step of 8 short samples the GPU's arithmetic takes ~5 ms, but the HF Trainer's step
 costs ~265 ms of Python and kernel launches (MISSION.md's profile). This loop takes the batches, the loss
@@ -15,9 +16,14 @@ Two ways to step:
   (torch.amp.GradScaler), so a T4 (no bf16) gets the compiled speed too;
 - ZeRO-1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
   its loss scaler), with its module compiled in place by engine.compile().
-  At ZeRO-1/2 on a GPU the forward and backward replay as CUDA graphs, as without DeepSpeed (DSNB_ZERO_CUDAGRAPHS=0
-  turns that off); ZeRO-3 fetches and releases parameters in hooks between graphs (compiled with dynamo's recompile
-  limits raised for those hooks) and runs without them.
+  At ZeRO-2 on a GPU the forward and backward replay as CUDA graphs, as without DeepSpeed, and at ZeRO-0/1 where
+  a step has one micro-batch (see graphs_under_zero); ZeRO-3 fetches and releases parameters in hooks between
+  graphs (compiled with dynamo's recompile limits raised for those hooks) and runs without them.
+
+A CUDA graph's outputs live in memory its next replay overwrites. A gradient the backward graph hands to a parameter
+without one becomes that parameter's .grad as it is, so gradients summed over several micro-batches need .grad
+buffers of their own: PlainStep allocates them once when it accumulates, ZeRO-2 copies each gradient into its
+buckets during the backward, and ZeRO-0/1, which read .grad only at the step, run without graphs when accumulating.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ import warnings
 
 LOG_FLUSH = 32  # logged steps kept on the device before one host read sends them to MLflow
 PROFILE_ENV = "DSNB_PROFILE"  # a file path: where the last untimed step's profile (top kernels, host vs GPU) goes
-ZERO_GRAPHS_ENV = "DSNB_ZERO_CUDAGRAPHS"  # "0": no CUDA graphs for ZeRO-1/2 compiled steps (see DeepSpeedStep)
+GRAPHS_ENV = "DSNB_CUDAGRAPHS"  # "0": compiled steps on a GPU without CUDA graphs (to compare, or to rule them out)
 LOSS_SCALE_ENV = "DSNB_LOSS_SCALE"  # "1": the loss scaler on an fp32 run, to check its math where fp16 cannot run
 
 
@@ -119,10 +125,16 @@ class PlainStep:
         trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
         self.optimizer, self.scheduler = trainer.optimizer, trainer.lr_scheduler
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.cuda = self.device.type == "cuda"
+        self.cuda = self.device.type == "cuda" and os.environ.get(GRAPHS_ENV) != "0"
         # Static shapes: each batch shape (few: bucket rounds lengths to 64 tokens, packed rounds row counts to
         # PACK_ROWS) compiles once, and "reduce-overhead" replays it as CUDA graphs.
         self.forward = torch.compile(model, mode="reduce-overhead" if self.cuda else None, dynamic=False)
+        # Summed over micro-batches, gradients need buffers outside the graphs' memory (module docstring): allocated
+        # here, zeroed after each step (on the CPU too, where there are no graphs: one code path, tested there). With
+        # one micro-batch the optimizer reads the graph's output before the next replay, and .grad is dropped.
+        self.own_grads = cfg.grad_accum > 1
+        for p in self.params if self.own_grads else []:
+            p.grad = torch.zeros_like(p)
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype)
         self.autocast = torch.autocast(self.device.type, dtype=half or torch.float32, enabled=half is not None)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.dtype == "fp16" or
@@ -148,7 +160,7 @@ class PlainStep:
         self.scaler.update()
         lr = self.scheduler.get_last_lr()[0]  # the rate this step used, as the Trainer logs it
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.own_grads)
         return step_loss, grad_norm.detach(), lr
 
 
@@ -170,13 +182,13 @@ class DeepSpeedStep:
         self.device = self.engine.device
         self.world = self.engine.world_size
         cuda = torch.device(self.device).type == "cuda"
-        # CUDA graphs need fixed parameter storage: ZeRO-3 swaps it on every fetch. ZeRO-1/2 keep it, and take each
-        # gradient in a hook after the backward graph has written it, outside the captured graphs (3B LoRA on the
-        # H200: a compiled ZeRO-2 step of 42 ms with them against 66-89 ms without; zero_graphs_h200.md).
-        mode = "reduce-overhead" if cuda and cfg.zero_stage < 3 and os.environ.get(ZERO_GRAPHS_ENV) != "0" else None
+        mode = "reduce-overhead" if cuda and graphs_under_zero(cfg.zero_stage, cfg.grad_accum) else None
         self.engine.compile(compile_kwargs={"mode": mode, "dynamic": False} if mode else {"dynamic": False})
-        self.cuda = cuda and mode is not None
+        self.cuda = mode is not None
         self.engine.train()
+        # DeepSpeed steps the torch optimizer that the Trainer's schedule wraps through a reference of its own, so
+        # torch warns on the schedule's first step that it came before the optimizer's; the rate is right all the same.
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
 
     def step(self, micro: list, items, timer):
         import torch
@@ -196,12 +208,18 @@ class DeepSpeedStep:
             timer.consume()
         lr = trainer.lr_scheduler.get_last_lr()[0]
         if not trainer.accelerator.optimizer_step_was_skipped:
-            with warnings.catch_warnings():  # DeepSpeed steps the torch optimizer the schedule wraps through its
-                # own reference, so torch warns that the schedule steps first; the rate is the Trainer's all the same
-                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
-                trainer.lr_scheduler.step()  # the Trainer's own schedule; a no-op where DeepSpeed steps it
+            trainer.lr_scheduler.step()  # the Trainer's own schedule; a no-op where DeepSpeed steps it
         norm = engine.get_global_grad_norm()
         return step_loss, torch.as_tensor(0.0 if norm is None else norm, device=self.device), lr
+
+
+def graphs_under_zero(stage: int, accum: int) -> bool:
+    """Whether a compiled ZeRO step on a GPU replays as CUDA graphs. Not at ZeRO-3: it swaps parameter storage on
+    every fetch. At ZeRO-2 always: its hook copies each gradient into DeepSpeed's buckets during the backward that
+    wrote it (3B LoRA on the H200: a compiled step of 29-42 ms with graphs against 66-78 ms without;
+    benchmarks/results/zero_graphs_h200.md). At ZeRO-0/1, which leave gradients in .grad until the step, only with
+    one micro-batch a step (module docstring). DSNB_CUDAGRAPHS=0: never."""
+    return os.environ.get(GRAPHS_ENV) != "0" and (stage == 2 or (stage < 2 and accum == 1))
 
 
 def prepare_engine(trainer, max_steps: int):

@@ -38,8 +38,8 @@ def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 
     if stage >= 2:
         # Overlap the gradient reduction (or its copy to the offloaded optimizer) with backward. One GPU training in
         # GPU memory under ZeRO-2 has neither to overlap, and DeepSpeed still synchronizes the device after each
-        # backward for it (3B LoRA compiled on the H200: off with bf16's check below, 1.7x ZeRO-2's default
-        # step time against 2.5x; benchmarks/results/notes/zero_graphs_h200.md).
+        # backward for it (3B LoRA compiled on the H200, with bf16's check below off too: a step 1.7-1.9x the
+        # plain compiled one against 2.5x; benchmarks/results/zero_graphs_h200.md).
         zero["overlap_comm"] = stage == 3 or world_size > 1 or cfg.offload_optimizer != "none"
     if stage == 3:
         # Saving the trained model needs the partitioned weights gathered back into one state dict.
@@ -50,14 +50,17 @@ def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 
         "gradient_accumulation_steps": cfg.grad_accum,
         "gradient_clipping": "auto",
         "fp16": {"enabled": cfg.dtype == "fp16"},
-        # bf16 has no loss scale to adjust; DeepSpeed's overflow check (on by default) tests each gradient for
-        # inf/NaN and reads a flag back to the host every step, to skip a step the Trainer's bf16 path without
-        # DeepSpeed would take. Off, both paths take the same steps and the host does not wait on the device.
-        "bf16": {"enabled": True, "check_grad_overflow": False} if cfg.dtype == "bf16" else {"enabled": False},
+        "bf16": {"enabled": cfg.dtype == "bf16"},
         "zero_optimization": zero,
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
     }
+    if cfg.dtype == "bf16" and stage in (1, 2):
+        # bf16 has no loss scale to adjust. ZeRO-1/2's overflow check (on by default; ZeRO-3 reads it only in fp16)
+        # tests each gradient for inf/NaN and reads a flag back to the host every step, to skip a step with one.
+        # Off, such a step is taken, as the Trainer's bf16 path without DeepSpeed takes it, and the host waits once
+        # a step fewer (clipping still reads the norm's validity back).
+        config["bf16"]["check_grad_overflow"] = False
     if cfg.offload_optimizer != "none":
         # Offloaded state needs DeepSpeed's own (CPU) Adam; a client torch optimizer is refused.
         config["optimizer"] = {"type": "AdamW", "params": {

@@ -101,8 +101,8 @@ def test_nvme_parameter_buffers_hold_the_largest_weight():
 
 def test_no_per_step_host_sync_where_nothing_needs_it():
     """overlap_comm synchronizes the device after each backward: kept where there is a reduction (several GPUs), a
-    copy to an offloaded optimizer, or ZeRO-3's fetches to overlap; bf16 drops DeepSpeed's overflow check (no loss
-    scale to adjust), fp16 keeps its loss scaler's."""
+    copy to an offloaded optimizer, or ZeRO-3's fetches to overlap (ZeRO-1 leaves it to DeepSpeed: off). bf16 drops
+    ZeRO-1/2's overflow check (no loss scale to adjust; ZeRO-3 reads it only in fp16), fp16 keeps its loss scaler's."""
     def built(world=1, **changes):
         return deepspeed_config(RunConfig(**{"strategy": "zero2", "dtype": "bf16", **changes}), world)
 
@@ -110,5 +110,7 @@ def test_no_per_step_host_sync_where_nothing_needs_it():
     assert all(built(world, **changes)["zero_optimization"]["overlap_comm"]
                for world, changes in ((2, {}), (1, {"offload_optimizer": "cpu"}),
                                       (1, {"strategy": "zero3", "quantization": "none"})))
-    assert built()["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert "overlap_comm" not in built(2, strategy="zero1")["zero_optimization"]
+    assert built()["bf16"] == built(strategy="zero1")["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert built(strategy="zero3", quantization="none")["bf16"] == {"enabled": True}
     assert built(dtype="fp16")["bf16"] == {"enabled": False} and built(dtype="fp16")["fp16"] == {"enabled": True}
