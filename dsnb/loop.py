@@ -16,14 +16,15 @@ Two ways to step:
   (torch.amp.GradScaler), so a T4 (no bf16) gets the compiled speed too;
 - ZeRO-1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
   its loss scaler), with its module compiled in place by engine.compile().
-  At ZeRO-2 on a GPU the forward and backward replay as CUDA graphs, as without DeepSpeed, and at ZeRO-0/1 where
-  a step has one micro-batch (see graphs_under_zero); ZeRO-3 fetches and releases parameters in hooks between
-  graphs (compiled with dynamo's recompile limits raised for those hooks) and runs without them.
+  At ZeRO-0/1/2 on a GPU the forward and backward replay as CUDA graphs, as without DeepSpeed, when accumulating
+  only at ZeRO-2 with contiguous gradients (see graphs_under_zero); ZeRO-3 fetches and releases parameters in
+  hooks between graphs (compiled with dynamo's recompile limits raised for those hooks) and runs without them.
 
 A CUDA graph's outputs live in memory its next replay overwrites. A gradient the backward graph hands to a parameter
 without one becomes that parameter's .grad as it is, so gradients summed over several micro-batches need .grad
-buffers of their own: PlainStep allocates them once when it accumulates, ZeRO-2 copies each gradient into its
-buckets during the backward, and ZeRO-0/1, which read .grad only at the step, run without graphs when accumulating.
+buffers of their own: PlainStep allocates them once when it accumulates, ZeRO-2 with contiguous_gradients copies
+each gradient into its buffers during the backward, and the other ZeRO steps, which read .grad only at the step, run
+without graphs when accumulating.
 """
 from __future__ import annotations
 
@@ -182,7 +183,8 @@ class DeepSpeedStep:
         self.device = self.engine.device
         self.world = self.engine.world_size
         cuda = torch.device(self.device).type == "cuda"
-        mode = "reduce-overhead" if cuda and graphs_under_zero(cfg.zero_stage, cfg.grad_accum) else None
+        graphs = graphs_under_zero(cfg.zero_stage, cfg.grad_accum, self.engine.zero_contiguous_gradients())
+        mode = "reduce-overhead" if cuda and graphs else None
         self.engine.compile(compile_kwargs={"mode": mode, "dynamic": False} if mode else {"dynamic": False})
         self.cuda = mode is not None
         self.engine.train()
@@ -213,13 +215,14 @@ class DeepSpeedStep:
         return step_loss, torch.as_tensor(0.0 if norm is None else norm, device=self.device), lr
 
 
-def graphs_under_zero(stage: int, accum: int) -> bool:
+def graphs_under_zero(stage: int, accum: int, contiguous: bool) -> bool:
     """Whether a compiled ZeRO step on a GPU replays as CUDA graphs. Not at ZeRO-3: it swaps parameter storage on
-    every fetch. At ZeRO-2 always: its hook copies each gradient into DeepSpeed's buckets during the backward that
-    wrote it (3B LoRA on the H200: a compiled step of 29-42 ms with graphs against 66-78 ms without;
-    benchmarks/results/zero_graphs_h200.md). At ZeRO-0/1, which leave gradients in .grad until the step, only with
-    one micro-batch a step (module docstring). DSNB_CUDAGRAPHS=0: never."""
-    return os.environ.get(GRAPHS_ENV) != "0" and (stage == 2 or (stage < 2 and accum == 1))
+    every fetch. With one micro-batch a step, at ZeRO-0/1/2 (3B LoRA on the H200, ZeRO-2: a compiled step of 29-42 ms
+    with graphs against 66-78 ms without; benchmarks/results/zero_graphs_h200.md). Summing over several, only where
+    DeepSpeed copies each gradient out of the graph's memory during the backward that wrote it: ZeRO-2 with
+    contiguous_gradients (dsnb's configs); ZeRO-0/1 and non-contiguous ZeRO-2 leave it in .grad until the step
+    (module docstring). DSNB_CUDAGRAPHS=0: never."""
+    return os.environ.get(GRAPHS_ENV) != "0" and stage < 3 and (accum == 1 or (stage == 2 and contiguous))
 
 
 def prepare_engine(trainer, max_steps: int):
