@@ -14,7 +14,7 @@ reads nothing back to the host between steps except at the timer's marks and eve
 Two ways to step:
 - no DeepSpeed: the compiled model, the Trainer's fused AdamW, clipping, and for fp16 a loss scaler
   (torch.amp.GradScaler), so a T4 (no bf16) gets the compiled speed too;
-- ZeRO-1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
+- ZeRO-0/1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
   its loss scaler), with its module compiled in place by engine.compile().
   At ZeRO-0/1/2 on a GPU the forward and backward replay as CUDA graphs, as without DeepSpeed, when accumulating
   only at ZeRO-2 with contiguous gradients (see graphs_under_zero); ZeRO-3 fetches and releases parameters in
@@ -23,8 +23,8 @@ Two ways to step:
 A CUDA graph's outputs live in memory its next replay overwrites. A gradient the backward graph hands to a parameter
 without one becomes that parameter's .grad as it is, so gradients summed over several micro-batches need .grad
 buffers of their own: PlainStep allocates them once when it accumulates, ZeRO-2 with contiguous_gradients copies
-each gradient into its buffers during the backward, and the other ZeRO steps, which read .grad only at the step, run
-without graphs when accumulating.
+each gradient into its buffers during the backward, and the other ZeRO steps, which keep the tensor to the step,
+run without graphs when accumulating.
 """
 from __future__ import annotations
 
@@ -220,8 +220,8 @@ def graphs_under_zero(stage: int, accum: int, contiguous: bool) -> bool:
     every fetch. With one micro-batch a step, at ZeRO-0/1/2 (3B LoRA on the H200, ZeRO-2: a compiled step of 29-42 ms
     with graphs against 66-78 ms without; benchmarks/results/zero_graphs_h200.md). Summing over several, only where
     DeepSpeed copies each gradient out of the graph's memory during the backward that wrote it: ZeRO-2 with
-    contiguous_gradients (dsnb's configs); ZeRO-0/1 and non-contiguous ZeRO-2 leave it in .grad until the step
-    (module docstring). DSNB_CUDAGRAPHS=0: never."""
+    contiguous_gradients (dsnb's configs); ZeRO-0/1 keep it as .grad and non-contiguous ZeRO-2 in a list of its own
+    until the step (module docstring; tests/test_train.py checks this against DeepSpeed). DSNB_CUDAGRAPHS=0: never."""
     return os.environ.get(GRAPHS_ENV) != "0" and stage < 3 and (accum == 1 or (stage == 2 and contiguous))
 
 

@@ -221,41 +221,51 @@ def test_an_interrupted_compiled_run_keeps_every_logged_step(workdir, monkeypatc
 
 
 # Run in a process of its own (DeepSpeed initialises torch.distributed): after the first of two micro-batches, the
-# names of the parameters whose .grad is still the tensor autograd produced.
+# names of the parameters whose gradient tensor, as autograd produced it, is still alive anywhere (.grad or
+# DeepSpeed's own lists): under CUDA graphs that memory is the graph's, overwritten by the next micro-batch's replay.
 GRAD_KEPT = """
-import json, os, socket, sys
+import gc, json, os, socket, sys
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT=str(port))
 import deepspeed, torch
-stage, contiguous = int(sys.argv[1]), sys.argv[2] == "1"
+from torch.multiprocessing.reductions import StorageWeakRef
+stage, contiguous, bucket = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
 produced = {}
 for name, p in model.named_parameters():
-    p.register_hook(lambda g, name=name: produced.__setitem__(name, g.data_ptr()))
+    p.register_hook(lambda g, name=name: produced.__setitem__(name, StorageWeakRef(g.untyped_storage())))
 config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 10**6,
-          "zero_optimization": {"stage": stage, "contiguous_gradients": contiguous}}
+          "zero_optimization": {"stage": stage, "contiguous_gradients": contiguous, "reduce_bucket_size": bucket}}
 engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
 engine.backward(engine(torch.randn(2, 8)).sum())
-print(json.dumps([n for n, p in model.named_parameters() if p.grad is not None and p.grad.data_ptr() == produced[n]]))
+gc.collect()
+print(json.dumps([name for name, ref in produced.items() if not ref.expired()]))
+torch.distributed.destroy_process_group()
 """
+ALL = ["0.weight", "0.bias", "1.weight", "1.bias"]
 
 
-@pytest.mark.parametrize("stage, contiguous, graphs", [(2, True, True), (1, True, False)])
-def test_cuda_graphs_only_where_deepspeed_copies_gradients_out(stage, contiguous, graphs):
-    """Under CUDA graphs a gradient left in the backward graph's output is overwritten by the next micro-batch's
-    replay. ZeRO-2 with contiguous gradients (dsnb's configs) copies every gradient out during the backward, so its
-    compiled step may accumulate under graphs; ZeRO-1 keeps autograd's tensor as .grad until the step, so it may not
-    (dsnb/loop.py::graphs_under_zero, checked here against DeepSpeed itself)."""
+@pytest.mark.parametrize("stage, contiguous, bucket, graphs", [
+    (2, True, 500_000_000, True),  # dsnb's ZeRO-2: every gradient copied into DeepSpeed's buffers
+    (2, True, 10, True),  # weights larger than the bucket (an 8B embedding by default) take another path
+    (2, False, 500_000_000, False),  # a user's ZeRO-2 without contiguous gradients keeps them in a list
+    (1, True, 500_000_000, False)])  # ZeRO-1 leaves them in .grad until the step
+def test_cuda_graphs_only_where_deepspeed_copies_gradients_out(monkeypatch, stage, contiguous, bucket, graphs):
+    """Under CUDA graphs a gradient tensor kept from the backward graph's output is overwritten by the next
+    micro-batch's replay. Where DeepSpeed drops every such tensor during the backward, dsnb's compiled step may
+    accumulate under graphs; where it keeps them to the step, it may not (dsnb/loop.py::graphs_under_zero, checked
+    here against DeepSpeed itself)."""
     import subprocess
     import sys
 
-    from dsnb.loop import graphs_under_zero
+    from dsnb.loop import GRAPHS_ENV, graphs_under_zero
 
-    done = subprocess.run([sys.executable, "-c", GRAD_KEPT, str(stage), "1" if contiguous else "0"],
+    monkeypatch.delenv(GRAPHS_ENV, raising=False)
+    done = subprocess.run([sys.executable, "-c", GRAD_KEPT, str(stage), "1" if contiguous else "0", str(bucket)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     kept = json.loads(done.stdout.strip().splitlines()[-1])
-    assert kept == ([] if graphs else ["0.weight", "0.bias", "1.weight", "1.bias"])
+    assert sorted(kept) == ([] if graphs else sorted(ALL))
     assert graphs_under_zero(stage, 2, contiguous) is graphs and graphs_under_zero(stage, 1, contiguous)
