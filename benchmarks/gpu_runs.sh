@@ -18,9 +18,8 @@
 #   ONLY=a,b OUT=out bash benchmarks/gpu_runs.sh scale8b  # 8B full fine-tuning on 1 and 2 GPUs (variants/scale_8b.yaml;
 #                                                    # ONLY picks its cells: all of them take longer than one call;
 #                                                    # BATCH=16 another micro-batch per GPU)
-#   OUT=out bash benchmarks/gpu_runs.sh zero1lora    # compiled LoRA: no DeepSpeed, ZeRO-2, ZeRO-1, ZeRO-1 without hooks
-#                                                    # (VARIANTS="fast_compiled zero1_nohooks": some of them)
-#   OUT=out bash benchmarks/gpu_runs.sh zerographs   # the same replayed as CUDA graphs, DeepSpeed's host syncs on/off
+#   OUT=out bash benchmarks/gpu_runs.sh zerographs   # compiled LoRA: no DeepSpeed, ZeRO-2 with DeepSpeed's host syncs on
+#                                                    # and off, ZeRO-1 without gradient hooks (VARIANTS: some of them)
 #   OUT=out bash benchmarks/gpu_runs.sh graphscheck  # compiled steps with CUDA graphs and without at grad_accum 2
 #                                                    # (VARIANTS="z2_fp16 z2_fp16_nographs": ZeRO-2 in fp16)
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
@@ -160,17 +159,14 @@ fast)  # the fast recipe's three ways side by side (the Trainer, compiled, compi
   cat "$OUT/host_split_fast_compiled.json"
   dump fast
   ;;
-zero2knobs)  # fast_zero2_compiled with DeepSpeed's bf16 overflow check off, then also overlap_comm off (one GPU)
+zero2knobs)  # fast_zero2_compiled as dsnb built it before (bf16 overflow check and overlap_comm on), with the check off,
+  # then also overlap_comm off (one GPU); CUDA graphs were off under DeepSpeed then: DSNB_CUDAGRAPHS=0 as measured
   prebuild synthetic:llama-3.2-3b
-  python3 -c "
-import json; from dsnb.bench import bench_configs; from dsnb.zero import deepspeed_config
-c = deepspeed_config(bench_configs(False, 8, 24, 'sqlite:///x')['fast_zero2_compiled'], 1, 0)
-c['bf16']['check_grad_overflow'] = False; json.dump(c, open('/tmp/nocheck.json', 'w'))
-c['zero_optimization']['overlap_comm'] = False; json.dump(c, open('/tmp/nocheck_nooverlap.json', 'w'))"
+  python3 benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds
   for v in default nocheck nocheck_nooverlap; do
-    extra=(); [ $v = default ] || extra=(--ds_config_path "/tmp/$v.json")
-    timeout 130 python3 -m dsnb run $(python3 benchmarks/bench_flags.py fast_zero2_compiled 8 24) "${extra[@]}" \
-      --tracking_uri "$DB" --run_name "z2_$v" > "$OUT/z2_$v.log" 2>&1
+    config=$(case $v in default) echo z2_syncs;; nocheck) echo z2_nocheck;; *) echo z2_nosync;; esac)
+    DSNB_CUDAGRAPHS=0 timeout 130 python3 -m dsnb run $(python3 benchmarks/bench_flags.py fast_zero2_compiled 8 24) \
+      --ds_config_path "/tmp/ds/$config.json" --tracking_uri "$DB" --run_name "z2_$v" > "$OUT/z2_$v.log" 2>&1
     echo "$v exit $?"
   done
   dump zero2knobs
@@ -195,19 +191,6 @@ scale8b)  # full fine-tuning of the 8B shape, ZeRO-2 and ZeRO-3, optimizer offlo
     > "$OUT/scale_8b${BATCH:+_b$BATCH}.log" 2>&1
   echo "capacity exit $?"
   dump "scale8b${BATCH:+_b$BATCH}"
-  ;;
-zero1lora)  # LoRA compiled at batch 8: without DeepSpeed, ZeRO-2, ZeRO-1, and ZeRO-1 with no gradient hooks
-  # (contiguous_gradients and overlap_comm off: DeepSpeed's ZeRO-1/2 optimizer then hooks no parameter)
-  prebuild synthetic:llama-3.2-3b
-  python3 benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds
-  for v in ${VARIANTS:-fast_compiled fast_zero2_compiled zero1 zero1_nohooks}; do
-    case $v in zero1) flags=(--strategy zero1);; zero1_nohooks) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks.json);;
-               *) flags=();; esac
-    timeout "${LIMIT:-200}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py "${v/zero1*/fast_zero2_compiled}" 8 24) \
-      "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero1_lora --run_name "lora_$v" > "$OUT/lora_$v.log" 2>&1
-    echo "$v exit $?"
-  done
-  dump zero1lora
   ;;
 zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) replayed as CUDA graphs, beside the plain
   # compiled step; ZeRO-2 with DeepSpeed's per-step host syncs (bf16 overflow check, overlap_comm) on, as dsnb built it
@@ -248,7 +231,7 @@ graphscheck)  # CUDA graphs against none (DSNB_CUDAGRAPHS=0) where gradients are
   dump graphscheck
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|zero1lora|zerographs|graphscheck [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|zerographs|graphscheck [more]" >&2
   exit 2
   ;;
 esac

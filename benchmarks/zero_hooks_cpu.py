@@ -2,7 +2,7 @@
 
     python benchmarks/zero_hooks_cpu.py      # prints a table; about 4 minutes on 2 cores
     python benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds   # only the 3B shape's DeepSpeed configs of the
-                                                                # variants below, for gpu_runs.sh zero1lora/zerographs
+                                                                # variants in GPU_CONFIGS, for gpu_runs.sh
 
 benchmarks/results/zero_hooks_cpu.md holds one run's table and what two runs showed.
 
@@ -24,29 +24,25 @@ from dsnb.zero import deepspeed_config
 REPEATS = 3
 
 
-def no_hooks_config(zero1, path: str) -> None:
-    """Write zero1's DeepSpeed config with contiguous_gradients and overlap_comm off: no gradient hooks."""
-    config = deepspeed_config(zero1, 1, 0)
-    config["zero_optimization"].update(contiguous_gradients=False, overlap_comm=False)
+NO_HOOKS = dict(contiguous_gradients=False, overlap_comm=False)
+# The GPU variants (bf16, one GPU): name -> (strategy, zero_optimization changes, bf16's per-step overflow check).
+# ZeRO-2 "syncs" is how dsnb built it before (the check reads a flag back to the host; overlap_comm synchronizes the
+# device after backward), "nosync" how it builds it now.
+GPU_CONFIGS = {"z1_nohooks": ("zero1", NO_HOOKS, True), "z1_nohooks_nocheck": ("zero1", NO_HOOKS, False),
+               "z2_syncs": ("zero2", dict(overlap_comm=True), True),
+               "z2_nocheck": ("zero2", dict(overlap_comm=True), False),
+               "z2_nosync": ("zero2", dict(overlap_comm=False), False)}
+
+
+def write_config(cfg, path: str, zero: dict, check: bool | None = None) -> None:
+    """cfg's DeepSpeed config on one device with `zero` changed in its zero_optimization block and, where given,
+    bf16's overflow check set."""
+    config = deepspeed_config(cfg, 1, 0)
+    config["zero_optimization"].update(zero)
+    if check is not None:
+        config["bf16"]["check_grad_overflow"] = check
     with open(path, "w") as f:
         json.dump(config, f)
-
-
-def gpu_configs(zero2, zero1, folder: str) -> None:
-    """The GPU variants' DeepSpeed configs (bf16, one GPU): ZeRO-1 without hooks, with and without bf16's
-    per-step overflow check (it reads a flag back to the host); ZeRO-2 with that check and overlap_comm (which
-    synchronizes the device after backward) on, as dsnb built it before, and off, as dsnb builds it now."""
-    os.makedirs(folder, exist_ok=True)
-    for name, cfg, zero, check in (
-            ("z1_nohooks", zero1, dict(contiguous_gradients=False, overlap_comm=False), True),
-            ("z1_nohooks_nocheck", zero1, dict(contiguous_gradients=False, overlap_comm=False), False),
-            ("z2_syncs", zero2, dict(overlap_comm=True), True),
-            ("z2_nosync", zero2, dict(overlap_comm=False), False)):
-        config = deepspeed_config(cfg, 1, 0)
-        config["zero_optimization"].update(zero)
-        config["bf16"]["check_grad_overflow"] = check
-        with open(os.path.join(folder, f"{name}.json"), "w") as f:
-            json.dump(config, f)
 
 
 def main() -> None:
@@ -58,9 +54,12 @@ def main() -> None:
     zero2 = cfgs["fast_zero2_compiled"]
     zero1 = zero2.replace(strategy="zero1", run_name="fast_zero1_compiled")
     if not offline:
-        return gpu_configs(zero2, zero1, sys.argv[2])
+        os.makedirs(sys.argv[2], exist_ok=True)
+        for name, (strategy, zero, check) in GPU_CONFIGS.items():
+            write_config(zero2.replace(strategy=strategy), os.path.join(sys.argv[2], f"{name}.json"), zero, check)
+        return
     path = os.path.join(tmp, "zero1_no_hooks.json")
-    no_hooks_config(zero1, path)
+    write_config(zero1, path, NO_HOOKS)
     variants = [cfgs["fast_compiled"], zero2, zero1, zero1.replace(ds_config_path=path,
                                                                    run_name="fast_zero1_no_hooks_compiled")]
     jobs = [v for _ in range(REPEATS) for v in variants]

@@ -224,11 +224,9 @@ def test_an_interrupted_compiled_run_keeps_every_logged_step(workdir, monkeypatc
 # names of the parameters whose gradient tensor, as autograd produced it, is still alive anywhere (.grad or
 # DeepSpeed's own lists): under CUDA graphs that memory is the graph's, overwritten by the next micro-batch's replay.
 GRAD_KEPT = """
-import gc, json, os, socket, sys
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-os.environ.update(DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=str(port))
+import gc, json, sys
+from dsnb.train import deepspeed_env
+deepspeed_env("cpu")
 import deepspeed, torch
 from torch.multiprocessing.reductions import StorageWeakRef
 stage, contiguous, bucket = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
