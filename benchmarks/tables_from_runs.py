@@ -79,6 +79,39 @@ def table(listing: str, names: list[str], stem: str, command: str, untimed: int,
         f.write(bench_markdown(result).replace("| vs tutorial |", f"| vs {base} |") + notes(f"{stem}.md"))
 
 
+def curve_gaps(listing: str, pairs: list[tuple[str, str]], stem: str) -> None:
+    """Append to stem.md, per pair of runs, how far apart their loss curves are (logged at every step)."""
+    with open(os.path.join(RUNS, listing)) as f:
+        curves = {r["name"]: dict(r["loss_curve"]) for r in map(json.loads, f) if r.get("loss_curve")}
+    lines = ["", "| runs | steps | max abs difference | mean loss difference |", "|---|---|---|---|"]
+    for a, b in pairs:
+        steps = sorted(set(curves[a]) & set(curves[b]))
+        gap = max(abs(curves[a][s] - curves[b][s]) for s in steps)
+        mean = sum(curves[a][s] - curves[b][s] for s in steps) / len(steps)
+        lines.append(f"| {a} vs {b} | {len(steps)} | {gap:.4f} | {mean:+.4f} |")
+    with open(os.path.join(HERE, f"{stem}.md"), "a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def levers() -> None:
+    """throughput_levers_h200.md: each lever's runs (benchmarks/throughput_levers.py, one JSON line a run)."""
+    with open(os.path.join(RUNS, "throughput_levers.jsonl")) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    lines = ["# The throughput mode's levers on one H200", "",
+             "`python benchmarks/throughput_levers.py LEVER --out levers.jsonl` for base, flex, rows256 and cdt in one "
+             "call, then flex and base in a second (listing: h200_runs/throughput_levers.jsonl; 8 untimed and 12 "
+             "timed steps of 256 samples)", "",
+             "| lever | run | samples/s | real tokens/s | MFU | step ms | mean loss |", "|---|---|---|---|---|---|---|"]
+    seen: dict[str, int] = {}
+    for r in runs:
+        seen[r["lever"]] = seen.get(r["lever"], 0) + 1
+        lines.append(f"| {r['lever']} | {seen[r['lever']]} | {r['samples_per_second']:.0f} | "
+                     f"{r['tokens_per_second']:,.0f} | {100 * r['mfu']:.1f}% | {r['step_time_ms']:.0f} | "
+                     f"{r['train_loss']:.3f} |")
+    with open(os.path.join(HERE, "throughput_levers_h200.md"), "w") as f:
+        f.write("\n".join(lines) + "\n" + notes("throughput_levers_h200.md"))
+
+
 def capacity(listings: list[str], spec: str, stem: str, command: str) -> None:
     """The capacity file's cells in its order, each with the last run of its name in the listings (a cell
     measured again replaces its earlier run); cells with no run are left out."""
@@ -190,6 +223,14 @@ if __name__ == "__main__":
           "OUT=out PROFILE=zero2_nosync_graphs_2 bash benchmarks/gpu_runs.sh zerographs   "
           "(h200_runs/zero_graphs.jsonl)",
           8, 24, 1, "lora_fast_compiled")
+    table("graphscheck.jsonl", ["plain_ga2", "plain_ga2_nographs", "z2_ga2", "z2_ga2_nographs", "z2_fp16",
+                                "z2_fp16_nographs"], "graphs_check_h200",
+          "OUT=out bash benchmarks/gpu_runs.sh graphscheck, then VARIANTS=\"z2_fp16 z2_fp16_nographs\" in a "
+          "second call (h200_runs/graphscheck.jsonl)", 8, 24, 1, "plain_ga2_nographs")
+    curve_gaps("graphscheck.jsonl", [("plain_ga2", "plain_ga2_nographs"), ("z2_ga2", "z2_ga2_nographs"),
+                                     ("plain_ga2", "z2_ga2"), ("plain_ga2_nographs", "z2_ga2_nographs"),
+                                     ("z2_fp16", "z2_fp16_nographs")], "graphs_check_h200")
+    levers()
     capacity(["capacity.jsonl", "capacity_zero3.jsonl", "big.jsonl"], "variants/capacity_map.yaml", "capacity_map_h200",
              "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.jsonl, "
              "then capacity_zero3.jsonl and big.jsonl)")

@@ -23,6 +23,7 @@ OFFLOADS = ("none", "cpu", "nvme")
 QUANTIZATIONS = ("none", "8bit", "4bit")
 DTYPES = ("fp32", "bf16", "fp16")
 PADDINGS = ("max_length", "longest", "bucket", "packed")
+ATTENTIONS = ("sdpa", "flex")
 PROMPTS = ("eos", "tutorial", "chat")
 RAM_CHECKS = ("refuse", "warn")
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
@@ -98,6 +99,9 @@ class RunConfig:
     torch_compile: bool = False
     """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step, with or
     without DeepSpeed (its engine compiled); needs quantization none and padding bucket, packed or max_length."""
+    attention: str = "sdpa"
+    """sdpa (PyTorch's scaled-dot-product attention) | flex: flex attention, whose block mask skips the blocks of
+    packed rows where no sample meets another (needs padding packed, torch_compile true and a GPU)."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training, scored with SQuAD's exact match and F1
     (SQuAD's validation split; offline, synthetic questions no training row holds); 0 skips it."""
@@ -147,7 +151,7 @@ class RunConfig:
         for name, allowed in (("strategy", STRATEGIES), ("offload_optimizer", OFFLOADS),
                               ("offload_param", OFFLOADS), ("quantization", QUANTIZATIONS),
                               ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS),
-                              ("host_ram_check", RAM_CHECKS)):
+                              ("host_ram_check", RAM_CHECKS), ("attention", ATTENTIONS)):
             if getattr(self, name) not in allowed:
                 fail(name, f"is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
         self._check_ranges()
@@ -224,6 +228,9 @@ class RunConfig:
             fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
         if self.torch_compile:
             self._check_compile()
+        if self.attention == "flex" and (self.padding != "packed" or not self.torch_compile):
+            fail("attention", "flex is for packed rows in the compiled loop; set padding packed and torch_compile "
+                              "true, or attention sdpa")
         if self.quantization != "none" and self.lora_r == 0:
             fail("quantization", f"{self.quantization} weights cannot be trained directly; "
                                  "set lora_r > 0 (LoRA) or quantization none")
@@ -276,6 +283,8 @@ class RunConfig:
         parts.append(self.dtype)
         if self.torch_compile:
             parts.append("compiled")
+        if self.attention != "sdpa":
+            parts.append(self.attention)
         return "_".join(parts)
 
     def to_dict(self) -> dict:

@@ -18,6 +18,7 @@ import time
 
 from .config import RunConfig
 from .data import NO_ANSWER, prompt_parts
+from .model import sdpa_attention
 
 PROBE = "질문: 본문에 따르면 프랑스의 수도는 어디인가요?\n답변:"  # the fixed prompt of probe_logit_norm
 MAX_NEW_TOKENS = 32  # SQuAD's answers are short: a name, a date, a phrase
@@ -64,7 +65,8 @@ def answer_and_score(model, tokenizer, cfg: RunConfig, rows: list[dict], synced:
     was_training = model.training
     model.eval()
     answers, new_tokens, started = [], 0, time.perf_counter()
-    with torch.no_grad(), torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None):
+    with torch.no_grad(), torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None), \
+            sdpa_attention(model):
         for i in range(0, len(rows), BATCH):
             texts, count = generate(model, tokenizer, cfg, rows[i:i + BATCH], device, synced)
             answers += texts
@@ -86,7 +88,7 @@ def probe_logit_norm(model, tokenizer) -> float:
     ids = tokenizer(PROBE, return_tensors="pt")["input_ids"].to(device)
     was_training = model.training
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), sdpa_attention(model):  # as a reloaded model computes it
         logits = model(input_ids=ids).logits[0, -1].float()
     model.train(was_training)
     return float(logits.norm())

@@ -9,6 +9,7 @@ its own synthetic text, then loaded through the same from_pretrained path as any
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -180,6 +181,9 @@ def load_model(cfg: RunConfig, device: str, tokenizer=None):
     if cfg.lora_r == 0 and cfg.dtype == "fp16":
         dtype = torch.float32  # fp16 AMP cannot unscale fp16 gradients: full fine-tuning keeps fp32 masters
     kwargs: dict = {"dtype": dtype}
+    if cfg.attention == "flex":
+        kwargs["attn_implementation"] = "flex_attention"
+        build_block_masks_in_graph()
     if cfg.quantization == "8bit":
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
     elif cfg.quantization == "4bit":
@@ -210,6 +214,45 @@ def load_model(cfg: RunConfig, device: str, tokenizer=None):
             raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({describe(e)})") from None
         check_targets(cfg, model)
     return model, tokenizer
+
+
+def build_block_masks_in_graph() -> None:
+    """Flex attention's BlockMask for packed rows, built inside the compiled model's graph.
+
+    transformers builds it with create_block_mask(_compile=True), whose deprecation warning breaks dynamo's graph at
+    every mask (one model became 5 graphs on the CPU, torch 2.13). While compiling, a mask without padding or offsets
+    (a packed batch: the document mask comes from the restarting position ids) is built in the graph instead;
+    anything else takes transformers' own path.
+    """
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+    from transformers import masking_utils
+
+    stock = masking_utils.flex_attention_mask
+
+    def block_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                   mask_function=masking_utils.causal_mask_function, attention_mask=None, device="cpu", **kwargs):
+        if torch.compiler.is_compiling() and attention_mask is None and not (q_offset or kv_offset):
+            return create_block_mask(mask_function, batch_size, None, q_length, kv_length, device=device)
+        return stock(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device,
+                     **kwargs)
+
+    masking_utils.AttentionMaskInterface.register("flex_attention", block_mask)
+
+
+@contextlib.contextmanager
+def sdpa_attention(model):
+    """model attending through SDPA inside the block: the held-out answers of a flex-attention run are generated as
+    every other variant's are, so their scores and speed compare."""
+    implementation = model.config._attn_implementation
+    if implementation != "flex_attention":
+        yield
+        return
+    model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(implementation)
 
 
 def check_targets(cfg: RunConfig, model) -> None:

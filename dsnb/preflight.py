@@ -144,6 +144,9 @@ def check_device(cfg: RunConfig, device: str) -> None:
     if device == "cpu" and cfg.dtype == "fp16":
         raise ConfigError("dtype fp16 needs a GPU and this machine has none; use dtype bf16 or fp32 "
                           "(or DSNB_OFFLINE=1 for the offline default)")
+    if device == "cpu" and cfg.attention == "flex":
+        raise ConfigError("attention flex needs a GPU (torch's flex attention has no backward pass on the CPU); "
+                          "use attention sdpa")
     # is_bf16_supported() says True on a T4 (compute capability 7.5), which emulates bf16 slowly: ask for 8.0.
     if device.startswith("cuda") and cfg.dtype == "bf16" and torch.cuda.get_device_capability(device) < (8, 0):
         raise ConfigError(f"dtype bf16 has no native support on {torch.cuda.get_device_name(device)} (compute "

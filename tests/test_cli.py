@@ -63,6 +63,8 @@ def test_offline_compare_end_to_end(workdir):
 @pytest.mark.parametrize("flags, message", [
     (["--strategy", "zero2", "--offload_param", "cpu"], "offload_param needs strategy zero3"),
     (["--dtype", "fp16"], "dtype fp16 needs a GPU"),
+    (["--attention", "flex", "--padding", "packed", "--torch_compile", "true", "--quantization", "none"],
+     "attention flex needs a GPU"),
     (["--strategy", "zero3", "--quantization", "8bit"], "quantization 8bit cannot be partitioned"),
     (["--batch_size", "0"], "batch_size is 0"),
     (["--strategy", "zero3", "--quantization", "none", "--offload_param", "nvme", "--nvme_path", "/no/such"],

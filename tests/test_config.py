@@ -43,6 +43,9 @@ def test_every_field_is_documented():
     (dict(torch_compile=True, quantization="none", dtype="bf16", padding="bucket", num_gpus=2), "num_gpus"),
     (dict(torch_compile=True, quantization="none", dtype="bf16", padding="bucket", checkpoint_steps=5),
      "checkpoint_steps"),
+    (dict(attention="flash"), "attention"),
+    (dict(attention="flex", torch_compile=True, quantization="none", dtype="bf16", padding="bucket"), "attention"),
+    (dict(attention="flex", quantization="none", dtype="bf16", padding="packed"), "attention"),  # not compiled
 ])
 def test_rejected_combinations_name_the_field(changes, field):
     with pytest.raises(ConfigError) as err:
