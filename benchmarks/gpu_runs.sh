@@ -22,6 +22,8 @@
 #                                                    # and off, ZeRO-1 without gradient hooks (VARIANTS: some of them)
 #   OUT=out bash benchmarks/gpu_runs.sh graphscheck  # compiled steps with CUDA graphs and without at grad_accum 2
 #                                                    # (VARIANTS="z2_fp16 z2_fp16_nographs": ZeRO-2 in fp16)
+#   OUT=out bash benchmarks/gpu_runs.sh deepcompile  # full fine-tuning under compiled ZeRO-3, DeepSpeed's DeepCompile
+#                                                    # against engine.compile(); VARIANTS="offload offload_dc": in 15 GB
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -230,8 +232,24 @@ graphscheck)  # CUDA graphs against none (DSNB_CUDAGRAPHS=0) where gradients are
   done
   dump graphscheck
   ;;
+deepcompile)  # full fine-tuning of the 3B shape under compiled ZeRO-3: plain torch.compile of DeepSpeed's module (its
+  # fetch and release hooks between graphs) against DeepCompile (DSNB_DEEPCOMPILE=1: gathers, releases and prefetches
+  # as operations in the graph, scheduled after its first 5 steps, which recompile); 8 untimed steps cover that.
+  # Without offload (dc: the prefetch case), then in a second call the 15 GB variant with parameters and optimizer in
+  # CPU RAM (offload_dc: DeepCompile moves parameters itself); compare speed and the loss curves in the listing
+  prebuild synthetic:llama-3.2-3b
+  for v in ${VARIANTS:-zero3 zero3_dc}; do
+    base=full_zero3_compiled dc=0
+    [[ $v != offload* ]] || base=full_zero3_offload_15gb
+    [[ $v != *_dc ]] || dc=1
+    DSNB_DEEPCOMPILE=$dc timeout "${LIMIT:-240}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 16) \
+      --tracking_uri "$DB" --experiment dsnb_deepcompile --run_name "$v" > "$OUT/$v.log" 2>&1
+    echo "$v exit $?"; dump deepcompile > /dev/null
+  done
+  dump deepcompile
+  ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|zerographs|graphscheck [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|zerographs|graphscheck|deepcompile [more]" >&2
   exit 2
   ;;
 esac

@@ -101,7 +101,8 @@ class RunConfig:
     without DeepSpeed (its engine compiled); needs quantization none and padding bucket, packed or max_length."""
     attention: str = "sdpa"
     """sdpa (PyTorch's scaled-dot-product attention) | flex: flex attention, whose block mask skips the blocks of
-    packed rows where no sample meets another (needs padding packed, torch_compile true and a GPU)."""
+    packed rows where no sample meets another (needs padding packed, torch_compile true, strategy baseline and a GPU;
+    measured on an H200)."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training, scored with SQuAD's exact match and F1
     (SQuAD's validation split; offline, synthetic questions no training row holds); 0 skips it."""
@@ -228,12 +229,19 @@ class RunConfig:
             fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
         if self.torch_compile:
             self._check_compile()
-        if self.attention == "flex" and (self.padding != "packed" or not self.torch_compile):
-            fail("attention", "flex is for packed rows in the compiled loop; set padding packed and torch_compile "
-                              "true, or attention sdpa")
+        if self.attention == "flex":
+            self._check_flex()
         if self.quantization != "none" and self.lora_r == 0:
             fail("quantization", f"{self.quantization} weights cannot be trained directly; "
                                  "set lora_r > 0 (LoRA) or quantization none")
+
+    def _check_flex(self):
+        if self.padding != "packed" or not self.torch_compile:
+            fail("attention", "flex is for packed rows in the compiled loop; set padding packed and torch_compile "
+                              "true, or attention sdpa")
+        if self.zero_stage is not None:
+            fail("attention", "flex has been measured without DeepSpeed only (ZeRO-3's fetch hooks break the "
+                              "compiled graph around its block mask); set strategy baseline or attention sdpa")
 
     def _check_compile(self):
         fixed = ("bucket", "packed", "max_length")

@@ -4,6 +4,7 @@
     DSNB_PROFILE=step.txt python -m dsnb run ... --torch_compile true # also profile the last untimed step
     DSNB_LOSS_SCALE=1 ...                                             # the fp16 loss scaler on an fp32 run (its math)
     DSNB_CUDAGRAPHS=0 ...                                             # compiled, but no CUDA graphs on a GPU
+    DSNB_DEEPCOMPILE=1 ... --strategy zero3                           # DeepSpeed's DeepCompile compiles ZeRO (GPU)
 
 Why: on a 3B LoRA step of 8 short samples the GPU's arithmetic takes ~5 ms, but the HF Trainer's step
 costs ~265 ms of Python and kernel launches (MISSION.md's profile). This loop takes the batches, the loss
@@ -38,6 +39,10 @@ LOG_FLUSH = 32  # logged steps kept on the device before one host read sends the
 PROFILE_ENV = "DSNB_PROFILE"  # a file path: where the last untimed step's profile (top kernels, host vs GPU) goes
 GRAPHS_ENV = "DSNB_CUDAGRAPHS"  # "0": compiled steps on a GPU without CUDA graphs (to compare, or to rule them out)
 LOSS_SCALE_ENV = "DSNB_LOSS_SCALE"  # "1": the loss scaler on an fp32 run, to check its math where fp16 cannot run
+# "1": the DeepSpeed config dsnb builds gets compile.deepcompile, so engine.compile() runs DeepSpeed's DeepCompile
+# (its passes replace ZeRO's hooks with operations in the graph, and schedule ZeRO-3's prefetch and offload) instead
+# of plain torch.compile. An experiment to measure, not measured yet; DeepCompile builds a CUDA op: GPUs only.
+DEEPCOMPILE_ENV = "DSNB_DEEPCOMPILE"
 
 
 def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
@@ -183,7 +188,9 @@ class DeepSpeedStep:
         self.device = self.engine.device
         self.world = self.engine.world_size
         cuda = torch.device(self.device).type == "cuda"
-        graphs = graphs_under_zero(cfg.zero_stage, cfg.grad_accum, self.engine.zero_contiguous_gradients())
+        # DeepCompile's backend is a function of its own, which takes no torch.compile mode (and so no CUDA graphs).
+        graphs = graphs_under_zero(cfg.zero_stage, cfg.grad_accum, self.engine.zero_contiguous_gradients()) and \
+            not self.engine.is_deepcompile_enabled()
         mode = "reduce-overhead" if cuda and graphs else None
         self.engine.compile(compile_kwargs={"mode": mode, "dynamic": False} if mode else {"dynamic": False})
         self.cuda = mode is not None

@@ -16,6 +16,7 @@ import tempfile
 import time
 
 from .config import ConfigError, RunConfig, describe
+from .loop import DEEPCOMPILE_ENV
 
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
 STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
@@ -54,7 +55,7 @@ def pin_one_gpu(cfg: RunConfig) -> None:
 def check(cfg: RunConfig, device: str | None = None) -> None:
     """Everything that can be known before loading: raise ConfigError naming what to change."""
     device = device or pick_device()
-    key = json.dumps([cfg.to_dict(), device, world_size()], sort_keys=True)
+    key = json.dumps([cfg.to_dict(), device, world_size(), os.environ.get(DEEPCOMPILE_ENV)], sort_keys=True)
     if key in _CHECKED:
         return
     check_device(cfg, device)
@@ -74,8 +75,11 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
         if not op_built(CPUAdamBuilder(), "CPU Adam"):
             print(f"dsnb: DeepSpeed builds its CPU Adam op first: about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, once "
                   "per machine (python -m dsnb prepare builds it ahead)", flush=True)
-    if cfg.ds_config_path:
-        read_ds_config(cfg)
+    own = read_ds_config(cfg) if cfg.ds_config_path else {}
+    if device == "cpu" and cfg.zero_stage is not None and cfg.torch_compile and (
+            os.environ.get(DEEPCOMPILE_ENV) == "1" or (own.get("compile") or {}).get("deepcompile")):
+        raise ConfigError("DeepSpeed's DeepCompile needs a CUDA GPU (it builds a CUDA op); unset DSNB_DEEPCOMPILE "
+                          "and take compile.deepcompile out of ds_config_path's JSON, or run on a GPU")
     from .model import resolve_model
 
     if not cfg.model.startswith("synthetic:"):

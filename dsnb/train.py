@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 
 from . import preflight, tracking
 from .config import RunConfig
+from .loop import DEEPCOMPILE_ENV
 
 MFU_CONVENTION = "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"
 
@@ -203,6 +204,8 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     if cfg.zero_stage is not None:  # the model's largest weight sizes NVMe swap buffers only
         largest = largest_weight(model_config(cfg.model)) if cfg.offload_param == "nvme" else 0
         deepspeed = preflight.read_ds_config(cfg) if cfg.ds_config_path else deepspeed_config(cfg, world, largest)
+        if cfg.torch_compile and os.environ.get(DEEPCOMPILE_ENV) == "1":
+            deepspeed["compile"] = {**deepspeed.get("compile", {}), "deepcompile": True}
     run_dir = os.path.join(cfg.output_dir, run_id or "rank")
     # The arguments come before the model: with ZeRO-3 they make transformers load each weight straight
     # into its partition (on the CPU with parameter offload), across every rank. Loaded whole, the model

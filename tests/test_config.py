@@ -46,6 +46,8 @@ def test_every_field_is_documented():
     (dict(attention="flash"), "attention"),
     (dict(attention="flex", torch_compile=True, quantization="none", dtype="bf16", padding="bucket"), "attention"),
     (dict(attention="flex", quantization="none", dtype="bf16", padding="packed"), "attention"),  # not compiled
+    (dict(attention="flex", torch_compile=True, quantization="none", dtype="bf16", padding="packed",
+          strategy="zero2"), "attention"),
 ])
 def test_rejected_combinations_name_the_field(changes, field):
     with pytest.raises(ConfigError) as err:

@@ -97,7 +97,8 @@ def test_flex_attention_gives_packed_rows_the_padded_batch_its_loss_in_one_graph
     from dsnb.model import load_model
 
     padded_cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, padding="longest", num_samples=12))
-    flex_cfg = padded_cfg.replace(padding="packed", max_length=128, torch_compile=True, attention="flex")
+    # Rows of 512 tokens: 4 x 4 blocks of 128 each, most of them holding no pair of one sample (skipped).
+    flex_cfg = padded_cfg.replace(padding="packed", max_length=512, torch_compile=True, attention="flex")
     ds = build_dataset(padded_cfg, tokenizer)
     features = [ds[i] for i in range(12)]
     padded, packed = collator(tokenizer, padded_cfg)(features), collator(tokenizer, flex_cfg)(features)
@@ -113,8 +114,11 @@ def test_flex_attention_gives_packed_rows_the_padded_batch_its_loss_in_one_graph
         loss = float(torch.compile(flex, dynamic=False)(**packed).loss)
     assert loss == pytest.approx(expected, rel=1e-5)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    seen = []  # the attention each forward of the answers ran with
+    flex.register_forward_pre_hook(lambda module, args: seen.append(module.config._attn_implementation))
     rows = synthetic_squad(4)
     answers = answer_and_score(flex, tokenizer, flex_cfg, rows)[1]
+    assert seen and set(seen) == {"sdpa"}
     assert answers == answer_and_score(sdpa, tokenizer, padded_cfg, rows)[1]
     assert flex.config._attn_implementation == "flex_attention"  # back to flex for training
 

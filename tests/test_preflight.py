@@ -93,3 +93,26 @@ def test_bf16_is_refused_below_compute_capability_8(monkeypatch):
     check_device(RunConfig(dtype="fp16"), "cuda:0")  # the T4's precision passes
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     check_device(RunConfig(dtype="bf16"), "cuda:0")  # an A100 or newer
+
+
+def test_deepcompile_is_refused_on_the_cpu_by_either_switch(tmp_path, monkeypatch):
+    """DeepCompile builds a CUDA op: asked for by DSNB_DEEPCOMPILE or by the user's own DeepSpeed JSON, a CPU run
+    stops before loading, saying what to change; the same run without it passes."""
+    import json
+
+    from dsnb.config import OFFLINE, RunConfig
+    from dsnb.preflight import check
+    from dsnb.zero import deepspeed_config
+
+    cfg = RunConfig(**dict(OFFLINE, strategy="zero3", quantization="none", padding="bucket", torch_compile=True,
+                           tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
+    monkeypatch.delenv("DSNB_DEEPCOMPILE", raising=False)
+    check(cfg, "cpu")
+    monkeypatch.setenv("DSNB_DEEPCOMPILE", "1")
+    with pytest.raises(ConfigError, match="DeepCompile needs a CUDA GPU.*unset DSNB_DEEPCOMPILE"):
+        check(cfg, "cpu")
+    monkeypatch.delenv("DSNB_DEEPCOMPILE")
+    own = tmp_path / "ds.json"
+    own.write_text(json.dumps({**deepspeed_config(cfg), "compile": {"deepcompile": True}}))
+    with pytest.raises(ConfigError, match="take compile.deepcompile out of ds_config_path's JSON"):
+        check(cfg.replace(ds_config_path=str(own)), "cpu")
