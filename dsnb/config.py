@@ -240,8 +240,8 @@ class RunConfig:
             fail("attention", "flex is for packed rows in the compiled loop; set padding packed and torch_compile "
                               "true, or attention sdpa")
         if self.zero_stage is not None:
-            fail("attention", "flex has been measured without DeepSpeed only (ZeRO-3's fetch hooks break the "
-                              "compiled graph around its block mask); set strategy baseline or attention sdpa")
+            fail("attention", "flex has been measured without DeepSpeed only; set strategy baseline or attention "
+                              "sdpa")
 
     def _check_compile(self):
         fixed = ("bucket", "packed", "max_length")
