@@ -39,10 +39,6 @@ LOG_FLUSH = 32  # logged steps kept on the device before one host read sends the
 PROFILE_ENV = "DSNB_PROFILE"  # a file path: where the last untimed step's profile (top kernels, host vs GPU) goes
 GRAPHS_ENV = "DSNB_CUDAGRAPHS"  # "0": compiled steps on a GPU without CUDA graphs (to compare, or to rule them out)
 LOSS_SCALE_ENV = "DSNB_LOSS_SCALE"  # "1": the loss scaler on an fp32 run, to check its math where fp16 cannot run
-# "1": the DeepSpeed config dsnb builds gets compile.deepcompile, so engine.compile() runs DeepSpeed's DeepCompile
-# (its passes replace ZeRO's hooks with operations in the graph, and schedule ZeRO-3's prefetch and offload) instead
-# of plain torch.compile. An experiment to measure, not measured yet; DeepCompile builds a CUDA op: GPUs only.
-DEEPCOMPILE_ENV = "DSNB_DEEPCOMPILE"
 
 
 def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:

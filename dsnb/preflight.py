@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from .config import ConfigError, RunConfig, describe
-from .loop import DEEPCOMPILE_ENV
+from .zero import DEEPCOMPILE_ENV
 
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
 STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)

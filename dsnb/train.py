@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 
 from . import preflight, tracking
 from .config import RunConfig
-from .loop import DEEPCOMPILE_ENV
+from .zero import DEEPCOMPILE_ENV
 
 MFU_CONVENTION = "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"
 
