@@ -18,14 +18,15 @@ Two ways to step:
 - ZeRO-0/1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
   its loss scaler), with its module compiled in place by engine.compile().
   At ZeRO-0/1/2 on a GPU the forward and backward replay as CUDA graphs, as without DeepSpeed, when accumulating
-  only at ZeRO-2 with contiguous gradients (see graphs_under_zero); ZeRO-3 fetches and releases parameters in
-  hooks between graphs (compiled with dynamo's recompile limits raised for those hooks) and runs without them.
+  only at ZeRO-2 with contiguous gradients and no weight over its bucket (see graphs_under_zero); ZeRO-3 fetches
+  and releases parameters in hooks between graphs (compiled with dynamo's recompile limits raised for those hooks)
+  and runs without them.
 
 A CUDA graph's outputs live in memory its next replay overwrites. A gradient the backward graph hands to a parameter
 without one becomes that parameter's .grad as it is, so gradients summed over several micro-batches need .grad
 buffers of their own: PlainStep allocates them once when it accumulates, ZeRO-2 with contiguous_gradients copies
-each gradient into its buffers during the backward, and the other ZeRO steps, which keep the tensor to the step,
-run without graphs when accumulating.
+each gradient within its bucket into its buffers during the backward, and the other ZeRO steps, which keep the
+tensor to the step, run without graphs when accumulating.
 """
 from __future__ import annotations
 
@@ -185,8 +186,9 @@ class DeepSpeedStep:
         self.world = self.engine.world_size
         cuda = torch.device(self.device).type == "cuda"
         # DeepCompile's backend is a function of its own, which takes no torch.compile mode (and so no CUDA graphs).
-        graphs = graphs_under_zero(cfg.zero_stage, cfg.grad_accum, self.engine.zero_contiguous_gradients()) and \
-            not self.engine.is_deepcompile_enabled()
+        largest = max((p.numel() for p in self.engine.module.parameters() if p.requires_grad), default=0)
+        copied = self.engine.zero_contiguous_gradients() and largest <= self.engine.zero_reduce_bucket_size()
+        graphs = graphs_under_zero(cfg.zero_stage, cfg.grad_accum, copied) and not self.engine.is_deepcompile_enabled()
         mode = "reduce-overhead" if cuda and graphs else None
         self.engine.compile(compile_kwargs={"mode": mode, "dynamic": False} if mode else {"dynamic": False})
         self.cuda = mode is not None
@@ -218,14 +220,17 @@ class DeepSpeedStep:
         return step_loss, torch.as_tensor(0.0 if norm is None else norm, device=self.device), lr
 
 
-def graphs_under_zero(stage: int, accum: int, contiguous: bool) -> bool:
+def graphs_under_zero(stage: int, accum: int, copied: bool) -> bool:
     """Whether a compiled ZeRO step on a GPU replays as CUDA graphs. Not at ZeRO-3: it swaps parameter storage on
     every fetch. With one micro-batch a step, at ZeRO-0/1/2 (3B LoRA on the H200, ZeRO-2: a compiled step of 29-42 ms
     with graphs against 66-78 ms without; benchmarks/results/zero_graphs_h200.md). Summing over several, only where
-    DeepSpeed copies each gradient out of the graph's memory during the backward that wrote it: ZeRO-2 with
-    contiguous_gradients (dsnb's configs); ZeRO-0/1 keep it as .grad and non-contiguous ZeRO-2 in a list of its own
-    until the step (module docstring; tests/test_train.py checks this against DeepSpeed). DSNB_CUDAGRAPHS=0: never."""
-    return os.environ.get(GRAPHS_ENV) != "0" and stage < 3 and (accum == 1 or (stage == 2 and contiguous))
+    DeepSpeed copies each gradient out of the graph's memory during the backward that wrote it (`copied`): ZeRO-2 with
+    contiguous_gradients (dsnb's configs) and no trained weight larger than its reduce bucket. ZeRO-0/1 keep each
+    gradient as .grad and non-contiguous ZeRO-2 in a list of its own until the step, and ZeRO-2 keeps an oversized
+    one as it is until its bucket is reduced, once seen past the backward (8B's embedding, 525M elements, exceeds
+    the default 500M; module docstring; tests/test_train.py checks this against DeepSpeed). DSNB_CUDAGRAPHS=0: never.
+    """
+    return os.environ.get(GRAPHS_ENV) != "0" and stage < 3 and (accum == 1 or (stage == 2 and copied))
 
 
 def prepare_engine(trainer, max_steps: int):

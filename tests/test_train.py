@@ -245,16 +245,18 @@ torch.distributed.destroy_process_group()
 ALL = ["0.weight", "0.bias", "1.weight", "1.bias"]
 
 
-@pytest.mark.parametrize("stage, contiguous, bucket, graphs", [
-    (2, True, 500_000_000, True),  # dsnb's ZeRO-2: every gradient copied into DeepSpeed's buffers
-    (2, True, 10, True),  # weights larger than the bucket (an 8B embedding by default) take another path
-    (2, False, 500_000_000, False),  # a user's ZeRO-2 without contiguous gradients keeps them in a list
-    (1, True, 500_000_000, False)])  # ZeRO-1 leaves them in .grad until the step
-def test_cuda_graphs_only_where_deepspeed_copies_gradients_out(monkeypatch, stage, contiguous, bucket, graphs):
+@pytest.mark.parametrize("stage, contiguous, bucket, graphs, kept", [
+    (2, True, 500_000_000, True, []),  # dsnb's ZeRO-2: every gradient copied into DeepSpeed's buffers
+    # A weight larger than the bucket (an 8B embedding by default) is reduced as it is: usually by the backward's
+    # end, but once (CI, under load) its gradient was still alive after it; no graphs, whichever happens.
+    (2, True, 10, False, None),
+    (2, False, 500_000_000, False, ALL),  # a user's ZeRO-2 without contiguous gradients keeps them in a list
+    (1, True, 500_000_000, False, ALL)])  # ZeRO-1 leaves them in .grad until the step
+def test_cuda_graphs_only_where_deepspeed_copies_gradients_out(monkeypatch, stage, contiguous, bucket, graphs, kept):
     """Under CUDA graphs a gradient tensor kept from the backward graph's output is overwritten by the next
     micro-batch's replay. Where DeepSpeed drops every such tensor during the backward, dsnb's compiled step may
-    accumulate under graphs; where it keeps them to the step, it may not (dsnb/loop.py::graphs_under_zero, checked
-    here against DeepSpeed itself)."""
+    accumulate under graphs; where it keeps them, it may not (dsnb/loop.py::graphs_under_zero, checked here against
+    DeepSpeed itself)."""
     import subprocess
     import sys
 
@@ -264,6 +266,8 @@ def test_cuda_graphs_only_where_deepspeed_copies_gradients_out(monkeypatch, stag
     done = subprocess.run([sys.executable, "-c", GRAD_KEPT, str(stage), "1" if contiguous else "0", str(bucket)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    kept = json.loads(done.stdout.strip().splitlines()[-1])
-    assert sorted(kept) == ([] if graphs else sorted(ALL))
-    assert graphs_under_zero(stage, 2, contiguous) is graphs and graphs_under_zero(stage, 1, contiguous)
+    alive = json.loads(done.stdout.strip().splitlines()[-1])
+    if kept is not None:
+        assert sorted(alive) == sorted(kept)
+    copied = contiguous and bucket >= 64  # the model's largest weight: 8 x 8
+    assert graphs_under_zero(stage, 2, copied) is graphs and graphs_under_zero(stage, 1, copied)
