@@ -16,8 +16,11 @@ import tempfile
 import time
 
 from .config import ConfigError, RunConfig, describe
-from .zero import DEEPCOMPILE_ENV
 
+# "1": the DeepSpeed config of a compiled run gets compile.deepcompile, so engine.compile() runs DeepSpeed's DeepCompile
+# (its passes replace ZeRO's hooks with operations in the graph, and schedule ZeRO-3's prefetch and offload) instead
+# of plain torch.compile. An experiment to measure, not measured yet; DeepCompile builds a CUDA op: GPUs only.
+DEEPCOMPILE_ENV = "DSNB_DEEPCOMPILE"
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
 STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
 _CHECKED: set[str] = set()  # configs this process has already checked (a sweep's kernel sees each twice)
@@ -76,8 +79,7 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
             print(f"dsnb: DeepSpeed builds its CPU Adam op first: about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, once "
                   "per machine (python -m dsnb prepare builds it ahead)", flush=True)
     own = read_ds_config(cfg) if cfg.ds_config_path else {}
-    if device == "cpu" and cfg.zero_stage is not None and cfg.torch_compile and (
-            os.environ.get(DEEPCOMPILE_ENV) == "1" or (own.get("compile") or {}).get("deepcompile")):
+    if device == "cpu" and cfg.zero_stage is not None and deepcompile_asked(cfg, own):
         raise ConfigError("DeepSpeed's DeepCompile needs a CUDA GPU (it builds a CUDA op); unset DSNB_DEEPCOMPILE "
                           "and take compile.deepcompile out of ds_config_path's JSON, or run on a GPU")
     from .model import resolve_model
@@ -267,6 +269,12 @@ def check_nvme_space(path: str, needed_mb: float) -> None:
     if free_mb < needed_mb:
         raise ConfigError(f"nvme_path {path} has {free_mb / 1024:.1f} GB free but this run offloads about "
                           f"{needed_mb / 1024:.1f} GB; free space there or set nvme_path to a larger disk")
+
+
+def deepcompile_asked(cfg: RunConfig, config: dict) -> bool:
+    """Whether a compiled ZeRO run goes through DeepCompile: DSNB_DEEPCOMPILE=1, or the DeepSpeed config says so."""
+    return cfg.torch_compile and (os.environ.get(DEEPCOMPILE_ENV) == "1" or
+                                  bool((config.get("compile") or {}).get("deepcompile")))
 
 
 def read_ds_config(cfg: RunConfig) -> dict:

@@ -21,7 +21,6 @@ from transformers import TrainerCallback
 
 from . import preflight, tracking
 from .config import RunConfig
-from .zero import DEEPCOMPILE_ENV
 
 MFU_CONVENTION = "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"
 
@@ -204,7 +203,7 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     if cfg.zero_stage is not None:  # the model's largest weight sizes NVMe swap buffers only
         largest = largest_weight(model_config(cfg.model)) if cfg.offload_param == "nvme" else 0
         deepspeed = preflight.read_ds_config(cfg) if cfg.ds_config_path else deepspeed_config(cfg, world, largest)
-        if cfg.torch_compile and os.environ.get(DEEPCOMPILE_ENV) == "1":
+        if preflight.deepcompile_asked(cfg, deepspeed):
             deepspeed["compile"] = {**deepspeed.get("compile", {}), "deepcompile": True}
     run_dir = os.path.join(cfg.output_dir, run_id or "rank")
     # The arguments come before the model: with ZeRO-3 they make transformers load each weight straight

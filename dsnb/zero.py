@@ -11,11 +11,6 @@ from __future__ import annotations
 
 from .config import ConfigError, RunConfig
 
-# "1": the DeepSpeed config of a compiled run gets compile.deepcompile, so engine.compile() runs DeepSpeed's DeepCompile
-# (its passes replace ZeRO's hooks with operations in the graph, and schedule ZeRO-3's prefetch and offload) instead
-# of plain torch.compile. An experiment to measure, not measured yet; DeepCompile builds a CUDA op: GPUs only.
-DEEPCOMPILE_ENV = "DSNB_DEEPCOMPILE"
-
 
 def zero_section(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
                  nvme_path: str = "/local_nvme") -> dict:
