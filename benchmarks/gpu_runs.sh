@@ -238,6 +238,7 @@ deepcompile)  # full fine-tuning of the 3B shape under compiled ZeRO-3: plain to
   # Without offload (dc: the prefetch case), then in a second call the 15 GB variant with parameters and optimizer in
   # CPU RAM (offload_dc: DeepCompile moves parameters itself); compare speed and the loss curves in the listing
   prebuild synthetic:llama-3.2-3b
+  export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)  # as for nvme
   for v in ${VARIANTS:-zero3 zero3_dc}; do
     base=full_zero3_compiled dc=0
     [[ $v != offload* ]] || base=full_zero3_offload_15gb

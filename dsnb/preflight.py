@@ -58,7 +58,8 @@ def pin_one_gpu(cfg: RunConfig) -> None:
 def check(cfg: RunConfig, device: str | None = None) -> None:
     """Everything that can be known before loading: raise ConfigError naming what to change."""
     device = device or pick_device()
-    key = json.dumps([cfg.to_dict(), device, world_size(), os.environ.get(DEEPCOMPILE_ENV)], sort_keys=True)
+    key = json.dumps([cfg.to_dict(), device, world_size(), os.environ.get(DEEPCOMPILE_ENV),
+                      os.environ.get("TORCH_CUDA_ARCH_LIST")], sort_keys=True)
     if key in _CHECKED:
         return
     check_device(cfg, device)
@@ -79,9 +80,11 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
             print(f"dsnb: DeepSpeed builds its CPU Adam op first: about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, once "
                   "per machine (python -m dsnb prepare builds it ahead)", flush=True)
     own = read_ds_config(cfg) if cfg.ds_config_path else {}
-    if device == "cpu" and cfg.zero_stage is not None and deepcompile_asked(cfg, own):
-        raise ConfigError("DeepSpeed's DeepCompile needs a CUDA GPU (it builds a CUDA op); unset DSNB_DEEPCOMPILE "
-                          "and take compile.deepcompile out of ds_config_path's JSON, or run on a GPU")
+    if cfg.zero_stage is not None and deepcompile_asked(cfg, own):
+        if device == "cpu":
+            raise ConfigError("DeepSpeed's DeepCompile needs a CUDA GPU (it builds a CUDA op); unset DSNB_DEEPCOMPILE "
+                              "and take compile.deepcompile out of ds_config_path's JSON, or run on a GPU")
+        check_arch_list("DeepCompile")
     from .model import resolve_model
 
     if not cfg.model.startswith("synthetic:"):
@@ -209,12 +212,17 @@ def check_nvme_path(path: str) -> None:
         raise ConfigError("NVMe offload needs libaio for DeepSpeed's async I/O: run `apt-get install libaio-dev` "
                           "(or use offload cpu)")
     check_build_lock(AsyncIOBuilder(), "async I/O")
-    # DeepSpeed builds its async I/O op at run time and reads each architecture as digits ("9.0", "8.6+PTX");
-    # an entry such as "9.0a" makes that build fail with a bare ValueError (seen on an H200 image).
+    check_arch_list("NVMe I/O")
+
+
+def check_arch_list(op: str) -> None:
+    """DeepSpeed builds some ops at run time (async I/O, DeepCompile's) and reads each architecture in
+    TORCH_CUDA_ARCH_LIST as digits ("9.0", "8.6+PTX"); an entry such as "9.0a" makes the build fail with a bare
+    ValueError (seen on an H200 image)."""
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
     bad = [a for a in re.split(r"[;\s]+", arch) if a and not re.fullmatch(r"\d+\.\d+(\+PTX)?", a)]
     if bad:
-        raise ConfigError(f"TORCH_CUDA_ARCH_LIST holds {bad[0]!r}, which DeepSpeed cannot build its NVMe I/O op for; "
+        raise ConfigError(f"TORCH_CUDA_ARCH_LIST holds {bad[0]!r}, which DeepSpeed cannot build its {op} op for; "
                           "set it to your GPU's compute capability, e.g. TORCH_CUDA_ARCH_LIST=9.0, or unset it")
 
 

@@ -116,3 +116,25 @@ def test_deepcompile_is_refused_on_the_cpu_by_either_switch(tmp_path, monkeypatc
     own.write_text(json.dumps({**deepspeed_config(cfg), "compile": {"deepcompile": True}}))
     with pytest.raises(ConfigError, match="take compile.deepcompile out of ds_config_path's JSON"):
         check(cfg.replace(ds_config_path=str(own)), "cpu")
+
+
+def test_deepcompile_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, monkeypatch):
+    """On a GPU whose image sets TORCH_CUDA_ARCH_LIST=9.0a (an H200 here), DeepCompile's op build died in the run
+    with a bare ValueError; preflight now says what to set first (torch answers as one H200 does)."""
+    import torch
+
+    from dsnb.config import OFFLINE, RunConfig
+    from dsnb.preflight import check
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = RunConfig(**dict(OFFLINE, strategy="zero3", quantization="none", padding="bucket", torch_compile=True,
+                           tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
+    monkeypatch.setenv("DSNB_DEEPCOMPILE", "1")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    check(cfg, "cuda")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    with pytest.raises(ConfigError, match="TORCH_CUDA_ARCH_LIST holds '9.0a'.*DeepCompile.*TORCH_CUDA_ARCH_LIST=9.0"):
+        check(cfg, "cuda")
+    monkeypatch.delenv("DSNB_DEEPCOMPILE")
+    check(cfg, "cuda")  # without DeepCompile nothing is built: no refusal
