@@ -230,6 +230,17 @@ if __name__ == "__main__":
     curve_gaps("graphscheck.jsonl", [("plain_ga2", "plain_ga2_nographs"), ("z2_ga2", "z2_ga2_nographs"),
                                      ("plain_ga2", "z2_ga2"), ("plain_ga2_nographs", "z2_ga2_nographs"),
                                      ("z2_fp16", "z2_fp16_nographs")], "graphs_check_h200")
+    table("zero_flat.jsonl", ["lora_fast_compiled", "lora_fast_compiled_2", "lora_zero2_flat", "lora_zero2_flat_2",
+                              "lora_zero2_stock", "lora_zero2_stock_2"], "zero_flat_h200",
+          "VARIANTS=\"fast_compiled zero2_flat zero2_stock fast_compiled_2 zero2_flat_2 zero2_stock_2\" OUT=out bash "
+          "benchmarks/gpu_runs.sh zerographs   (h200_runs/zero_flat.jsonl)", 8, 24, 1, "lora_fast_compiled")
+    curve_gaps("zero_flat.jsonl", [("lora_fast_compiled", "lora_fast_compiled_2"),
+                                   ("lora_zero2_flat", "lora_fast_compiled"), ("lora_zero2_flat", "lora_zero2_stock"),
+                                   ("lora_zero2_flat_2", "lora_zero2_stock_2")], "zero_flat_h200")
+    table("deepcompile.jsonl", ["zero3", "zero3_dc"], "deepcompile_h200",
+          "VARIANTS=\"zero3_dc zero3\" LIMIT=430 OUT=out bash benchmarks/gpu_runs.sh deepcompile   "
+          "(h200_runs/deepcompile.jsonl)", 8, 16, 1, "zero3")
+    curve_gaps("deepcompile.jsonl", [("zero3_dc", "zero3")], "deepcompile_h200")
     levers()
     capacity(["capacity.jsonl", "capacity_zero3.jsonl", "big.jsonl"], "variants/capacity_map.yaml", "capacity_map_h200",
              "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.jsonl, "

@@ -54,6 +54,9 @@ def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 
         "zero_optimization": zero,
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on by default) synchronizes the device at every forward and every step to
+        # time them; dsnb times steps itself, and those waits keep the host from queueing ahead of the GPU.
+        "timers": {"throughput": {"enabled": False}},
     }
     if cfg.dtype == "bf16" and stage in (1, 2):
         # bf16 has no loss scale to adjust. ZeRO-1/2's overflow check (on by default; ZeRO-3 reads it only in fp16)

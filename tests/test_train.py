@@ -271,3 +271,112 @@ def test_cuda_graphs_only_where_deepspeed_copies_gradients_out(monkeypatch, stag
         assert sorted(alive) == sorted(kept)
     copied = contiguous and bucket >= 64  # the model's largest weight: 8 x 8
     assert graphs_under_zero(stage, 2, copied) is graphs and graphs_under_zero(stage, 1, copied)
+
+
+# Run in a process of its own (DeepSpeed initialises torch.distributed): DeepSpeed's own one-process ZeRO-1/2 step in
+# bf16 against dsnb's flat step on twin engines (a frozen base and 32 LoRA-like tensors in two parameter groups, as
+# the Trainer groups them), 6 steps, the last with a NaN; per case, whether every weight, fp32 master weight, Adam
+# moment and gradient norm matched bit for bit at every step, the host reads (aten._local_scalar_dense) of one
+# step's backward and optimizer step on each engine, and, under the flat step, the gradient tensors the first
+# micro-batch's backward left alive (a CUDA graph's next replay would overwrite them).
+FLAT = """
+import gc, json, sys
+from dsnb.train import deepspeed_env
+deepspeed_env("cpu")
+import deepspeed, torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from dsnb.loop import flat_zero_step
+
+class Reads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func.overloadpacket.__name__ == "_local_scalar_dense"
+        return func(*args, **(kwargs or {}))
+
+class Lora(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base = torch.nn.Linear(16, 16, bias=False).requires_grad_(False)
+        self.A, self.B = torch.nn.Parameter(torch.randn(4, 16) * 0.3), torch.nn.Parameter(torch.randn(16, 4) * 0.3)
+    def forward(self, x):
+        return x + torch.tanh(self.base(x) + x @ self.A.t() @ self.B.t())
+
+def engine(stage, accum, flat):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Lora() for _ in range(16)]).to(torch.bfloat16)
+    groups = [{"params": [p for n, p in model.named_parameters() if n.endswith(end)], "weight_decay": wd}
+              for end, wd in (("A", 0.01), ("B", 0.0))]
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": accum, "gradient_clipping": 0.5,
+              "bf16": {"enabled": True, "check_grad_overflow": False}, "steps_per_print": 10**6,
+              "timers": {"throughput": {"enabled": False}},
+              "zero_optimization": {"stage": stage, "contiguous_gradients": True, "overlap_comm": False}}
+    e, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(groups, lr=1e-2, fused=True),
+                                 config=config)  # fused, as the Trainer builds it
+    return e, flat and flat_zero_step(e)
+
+def step(e, micro, reads=None):
+    for i, x in enumerate(micro):
+        e.set_gradient_accumulation_boundary(i == len(micro) - 1)
+        loss = e(x).float().pow(2).mean()
+        with reads or Reads():
+            e.backward(loss, scale_wrt_gas=False)
+            if i == len(micro) - 1:
+                e.step()
+
+def state(e):
+    o = e.optimizer
+    moments = [t for g in o.single_partition_of_fp32_groups for t in o.optimizer.state[g].values() if t.dim()]
+    return [t.detach().clone() for t in [*e.module.parameters(), *o.single_partition_of_fp32_groups, *moments,
+                                        torch.as_tensor(e.get_global_grad_norm())]]
+
+out = {}
+for stage in (1, 2):
+    for accum in (1, 2):
+        (ds, _), (own, took) = engine(stage, accum, False), engine(stage, accum, True)
+        gen = torch.Generator().manual_seed(1)
+        same = True
+        for s in range(6):
+            micro = [torch.randn(4, 16, generator=gen).to(torch.bfloat16) for _ in range(accum)]
+            if s == 5:
+                micro[0][0, 0] = float("nan")
+            reads = [Reads(), Reads()] if s == 3 else [None, None]
+            step(ds, micro, reads[0])
+            step(own, micro, reads[1])
+            same = same and all(torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
+                                for a, b in zip(state(ds), state(own), strict=True))
+            if s == 3:
+                host_reads = [r.n for r in reads]
+        made = {}
+        for name, p in own.module.named_parameters():
+            if p.requires_grad:
+                p.register_hook(lambda g, name=name: made.__setitem__(name, StorageWeakRef(g.untyped_storage())))
+        own.backward(own(torch.randn(4, 16).to(torch.bfloat16)).float().pow(2).mean())
+        gc.collect()
+        out[f"{stage}/{accum}"] = {"took": took, "same": same, "reads": host_reads,
+                                   "alive": sum(not ref.expired() for ref in made.values())}
+print(json.dumps(out))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_the_flat_zero_step_takes_deepspeeds_steps_without_a_host_read():
+    """dsnb's flat ZeRO-1/2 step (one process, bf16) makes DeepSpeed's updates bit for bit, through accumulation and
+    a NaN gradient, without reading anything back to the host, and, at ZeRO-2, leaves no gradient of a backward
+    alive, so the compiled step may accumulate under CUDA graphs (dsnb/loop.py::flat_zero_step, graphs_under_zero)."""
+    import subprocess
+    import sys
+
+    from dsnb.loop import FLAT_STEP_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != FLAT_STEP_ENV}
+    done = subprocess.run([sys.executable, "-c", FLAT], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(cases) == {"1/1", "1/2", "2/1", "2/2"}
+    for name, case in cases.items():
+        assert case["took"] and case["same"], (name, case)
+        assert case["reads"][0] >= 1 and case["reads"][1] == 0, (name, case)  # DeepSpeed's clipping reads its norm
+    assert cases["2/1"]["alive"] == 0 and cases["2/2"]["alive"] == 0
