@@ -380,3 +380,23 @@ def test_the_flat_zero_step_takes_deepspeeds_steps_without_a_host_read():
         assert case["took"] and case["same"], (name, case)
         assert case["reads"][0] >= 1 and case["reads"][1] == 0, (name, case)  # DeepSpeed's clipping reads its norm
     assert cases["2/1"]["alive"] == 0 and cases["2/2"]["alive"] == 0
+
+
+def test_the_flat_step_runs_in_dsnbs_compiled_zero2_and_keeps_its_curve(tmp_path, monkeypatch):
+    """Through dsnb's own run (LoRA, bf16, ZeRO-2 compiled, two micro-batches a step): the flat step is taken and
+    recorded (metric zero_flat_step), DSNB_FLAT_STEP=0 keeps DeepSpeed's own, and the two loss curves agree."""
+    from dsnb.loop import FLAT_STEP_ENV
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", dtype="bf16", strategy="zero2", torch_compile=True,
+                           max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2, grad_accum=2, num_samples=4,
+                           eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False, tracking_uri=uri))
+    monkeypatch.delenv(FLAT_STEP_ENV, raising=False)
+    [flat] = run_all([cfg.replace(run_name="flat")], progress=False)
+    monkeypatch.setenv(FLAT_STEP_ENV, "0")
+    [stock] = run_all([cfg.replace(run_name="stock")], progress=False)
+    assert flat.status == stock.status == "FINISHED", (flat, stock)
+    assert flat.metrics["zero_flat_step"] == 1 and stock.metrics["zero_flat_step"] == 0
+    curve = {r.name: loss_curve(uri, r.run_id) for r in (flat, stock)}
+    assert len(curve["flat"]) == 4 and curve["flat"][-1] < curve["flat"][0]
+    assert curve["flat"] == pytest.approx(curve["stock"], rel=1e-3)
