@@ -198,7 +198,8 @@ zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) repla
   # compiled step; ZeRO-2 with DeepSpeed's per-step host syncs (bf16 overflow check, overlap_comm) on, as dsnb built it
   # before, and off ("nosync"); VARIANTS="fast_compiled zero2_flat zero2_stock ...": ZeRO-2 as dsnb builds it now,
   # with dsnb's flat step and with DeepSpeed's own (DSNB_FLAT_STEP=0); a name ending in _2 is a repeat; PROFILE=name
-  # profiles one
+  # profiles one. The older ZeRO variants now run with DeepSpeed's throughput timer off and, at ZeRO-1/2 in bf16, the
+  # flat step, so they no longer reproduce zero_graphs_h200.md's figures (measured before both)
   prebuild synthetic:llama-3.2-3b
   python3 benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds
   for v in ${VARIANTS:-fast_compiled zero2_graphs zero2_nosync_graphs zero1_nohooks_nocheck_graphs fast_compiled_2 \
@@ -210,7 +211,7 @@ zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) repla
       zero2_graphs) flags=(--ds_config_path /tmp/ds/z2_syncs.json);;
       zero2_nosync_graphs) flags=(--ds_config_path /tmp/ds/z2_nosync.json);;
       zero2_stock) env+=(DSNB_FLAT_STEP=0);; esac  # zero2_flat: dsnb's default, its flat ZeRO-2 step
-    [ "$v" != "${PROFILE:-}" ] || env=(DSNB_PROFILE="$OUT/profile_lora_$v.txt")
+    [ "$v" != "${PROFILE:-}" ] || env+=(DSNB_PROFILE="$OUT/profile_lora_$v.txt")
     env "${env[@]}" TORCH_LOGS=perf_hints timeout "${LIMIT:-200}" python3 -m dsnb run \
       $(python3 benchmarks/bench_flags.py $base 8 24) "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero_graphs \
       --run_name "lora_$v" > "$OUT/lora_$v.log" 2>&1

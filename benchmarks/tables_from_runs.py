@@ -234,9 +234,9 @@ if __name__ == "__main__":
                               "lora_zero2_stock", "lora_zero2_stock_2"], "zero_flat_h200",
           "VARIANTS=\"fast_compiled zero2_flat zero2_stock fast_compiled_2 zero2_flat_2 zero2_stock_2\" OUT=out bash "
           "benchmarks/gpu_runs.sh zerographs   (h200_runs/zero_flat.jsonl)", 8, 24, 1, "lora_fast_compiled")
-    curve_gaps("zero_flat.jsonl", [("lora_fast_compiled", "lora_fast_compiled_2"),
-                                   ("lora_zero2_flat", "lora_fast_compiled"), ("lora_zero2_flat", "lora_zero2_stock"),
-                                   ("lora_zero2_flat_2", "lora_zero2_stock_2")], "zero_flat_h200")
+    plain, flat, stock = (["lora_" + name, f"lora_{name}_2"] for name in ("fast_compiled", "zero2_flat", "zero2_stock"))
+    curve_gaps("zero_flat.jsonl", [tuple(plain), tuple(flat), tuple(stock), *zip(flat, plain, strict=True),
+                                   *zip(flat, stock, strict=True)], "zero_flat_h200")
     table("deepcompile.jsonl", ["zero3", "zero3_dc"], "deepcompile_h200",
           "VARIANTS=\"zero3_dc zero3\" LIMIT=430 OUT=out bash benchmarks/gpu_runs.sh deepcompile   "
           "(h200_runs/deepcompile.jsonl)", 8, 16, 1, "zero3")

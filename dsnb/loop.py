@@ -45,6 +45,7 @@ GRAPHS_ENV = "DSNB_CUDAGRAPHS"  # "0": compiled steps on a GPU without CUDA grap
 LOSS_SCALE_ENV = "DSNB_LOSS_SCALE"  # "1": the loss scaler on an fp32 run, to check its math where fp16 cannot run
 FLAT_STEP_ENV = "DSNB_FLAT_STEP"  # "0": DeepSpeed's own ZeRO-1/2 step on one GPU, not dsnb's flat one (flat_zero_step)
 NORM_CHUNK = 1 << 26  # elements per fp64 temporary in the flat step's norm (512 MB at most)
+FLAT_STEP_DEEPSPEED = ("0.19.8",)  # the DeepSpeed versions whose ZeRO-1/2 internals FlatStep was checked against
 
 
 def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
@@ -99,7 +100,7 @@ def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
     return {"train_runtime": runtime, "train_loss": total_loss.item() / max_steps,
             "train_samples_per_second": samples * stepper.world / runtime,
             "train_steps_per_second": max_steps / runtime, "epoch": max_steps / per_epoch,
-            "zero_flat_step": float(getattr(stepper, "flat", False))}
+            **({"zero_flat_step": float(stepper.flat)} if isinstance(stepper, DeepSpeedStep) else {})}
 
 
 def step_batches(trainer, loader, accum: int, max_steps: int, device):
@@ -250,17 +251,19 @@ def flat_zero_step(engine) -> bool:
     tensors, a compiled step of 29-33 ms whose GPU work is 17 ms (benchmarks/results/zero_graphs_h200.md). FlatStep
     makes the same updates with a few multi-tensor operations and no host read. fp16 and fp32 (DeepSpeed skips a step
     whose norm is not finite, which needs the host read), several processes and offload keep DeepSpeed's step, as does
-    DSNB_FLAT_STEP=0. Returns whether the step was taken over."""
-    import torch
+    DSNB_FLAT_STEP=0, and so does a DeepSpeed version FlatStep was not checked against (it reads DeepSpeed's
+    internals), with a note. Under it DeepSpeed's own gradient lists stay empty (safe_get_full_grad returns None),
+    and gradients are taken in engine.backward (a bare loss.backward() would leave them in .grad): dsnb does neither.
+    Returns whether the step was taken over."""
+    import deepspeed
 
     o = engine.optimizer
-    if os.environ.get(FLAT_STEP_ENV) == "0" or type(o).__name__ != "DeepSpeedZeroOptimizer" or not (
-            engine.world_size == 1 and o.dtype == torch.bfloat16 and all(c == 1 for c in o.partition_count)
-            and not o.cpu_offload and not getattr(o, "zenflow", False) and not o.has_moe_layers
-            and o.loss_scale == 1.0 and not o.dynamic_loss_scale and not o.custom_loss_scaler
-            and o.torch_autocast_gradscaler is None and o.dtype == o.gradient_accumulation_dtype
-            and o.compute_grad_norm and not o.check_grad_overflow and not o.overlap_comm
-            and not any(getattr(p, "use_muon", False) for g in o.bit16_groups for p in g)):
+    if os.environ.get(FLAT_STEP_ENV) == "0" or type(o).__name__ != "DeepSpeedZeroOptimizer" or \
+            not flat_step_fits(engine, o):
+        return False
+    if deepspeed.__version__ not in FLAT_STEP_DEEPSPEED:
+        print(f"dsnb: note: DeepSpeed {deepspeed.__version__} runs its own ZeRO step (dsnb's flat step is checked "
+              f"against {', '.join(FLAT_STEP_DEEPSPEED)} only)", flush=True)
         return False
     for hook in o._grad_acc_hooks:  # DeepSpeed's hook on each trained tensor's gradient
         hook.remove()
@@ -272,12 +275,26 @@ def flat_zero_step(engine) -> bool:
     return True
 
 
+def flat_step_fits(engine, o) -> bool:
+    """The configuration FlatStep reproduces: one process, bf16 weights and gradients, loss scale 1, no overflow
+    check, clipping by norm, no offload, overlap, pre-division, MoE, Muon or ZenFlow."""
+    import torch
+
+    return (engine.world_size == 1 and o.dtype == torch.bfloat16 and o.gradient_accumulation_dtype == o.dtype
+            and all(c == 1 for c in o.partition_count) and not o.cpu_offload and not getattr(o, "zenflow", False)
+            and not o.has_moe_layers and o.loss_scale == 1.0 and not o.dynamic_loss_scale
+            and not o.custom_loss_scaler and o.torch_autocast_gradscaler is None and o.compute_grad_norm
+            and not o.check_grad_overflow and not o.overlap_comm and o.gradient_predivide_factor == 1.0
+            and not any(getattr(p, "use_muon", False) for g in o.bit16_groups for p in g))
+
+
 class FlatStep:
     """DeepSpeed's one-process ZeRO-1/2 step on its own optimizer's state: the gradients go into one flat buffer per
     parameter group, in DeepSpeed's layout, with one multi-tensor copy (or add, accumulating) after a backward; the norm
     is one fp64 reduction over it (DeepSpeed: an fp64 norm per tensor, summed, then fp32), and DeepSpeed's clip factor
-    is applied as a tensor, never read back (an inf/NaN norm clips with inf in both). The same updates as DeepSpeed's
-    (tests/test_train.py compares them bit for bit on the CPU). The buffer lives from a step's first backward to its
+    is applied as a tensor, never read back (an inf/NaN norm clips with inf in both). DeepSpeed's arithmetic but for
+    the order of the norm's fp64 sum, which rounds to the same fp32 norm (tests/test_train.py finds the updates equal
+    bit for bit on the CPU). The buffer lives from a step's first backward to its
     optimizer step, as DeepSpeed's partition buffer does."""
 
     def __init__(self, zero):

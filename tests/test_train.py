@@ -286,6 +286,7 @@ deepspeed_env("cpu")
 import deepspeed, torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+from dsnb import loop
 from dsnb.loop import flat_zero_step
 
 class Reads(TorchDispatchMode):
@@ -301,18 +302,20 @@ class Lora(torch.nn.Module):
         super().__init__()
         self.base = torch.nn.Linear(16, 16, bias=False).requires_grad_(False)
         self.A, self.B = torch.nn.Parameter(torch.randn(4, 16) * 0.3), torch.nn.Parameter(torch.randn(16, 4) * 0.3)
+        self.c = torch.nn.Parameter(torch.zeros(3))  # an odd size: a flat group gets padding
     def forward(self, x):
-        return x + torch.tanh(self.base(x) + x @ self.A.t() @ self.B.t())
+        return x + torch.tanh(self.base(x) + x @ self.A.t() @ self.B.t()) + self.c.sum()
 
-def engine(stage, accum, flat):
+def engine(stage, accum, flat, extra=None, zero_extra=None):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Lora() for _ in range(16)]).to(torch.bfloat16)
+    model = torch.nn.Sequential(*[Lora() for _ in range(15)]).to(torch.bfloat16)
     groups = [{"params": [p for n, p in model.named_parameters() if n.endswith(end)], "weight_decay": wd}
-              for end, wd in (("A", 0.01), ("B", 0.0))]
+              for end, wd in ((("A", "c"), 0.01), ("B", 0.0))]
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": accum, "gradient_clipping": 0.5,
               "bf16": {"enabled": True, "check_grad_overflow": False}, "steps_per_print": 10**6,
               "timers": {"throughput": {"enabled": False}},
-              "zero_optimization": {"stage": stage, "contiguous_gradients": True, "overlap_comm": False}}
+              "zero_optimization": {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
+                                    **(zero_extra or {})}, **(extra or {})}
     e, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(groups, lr=1e-2, fused=True),
                                  config=config)  # fused, as the Trainer builds it
     return e, flat and flat_zero_step(e)
@@ -335,6 +338,7 @@ def state(e):
 out = {}
 for stage in (1, 2):
     for accum in (1, 2):
+        loop.NORM_CHUNK = 100 if accum == 2 else 1 << 26  # the norm summed over several chunks, or one
         (ds, _), (own, took) = engine(stage, accum, False), engine(stage, accum, True)
         gen = torch.Generator().manual_seed(1)
         same = True
@@ -356,7 +360,12 @@ for stage in (1, 2):
         own.backward(own(torch.randn(4, 16).to(torch.bfloat16)).float().pow(2).mean())
         gc.collect()
         out[f"{stage}/{accum}"] = {"took": took, "same": same, "reads": host_reads,
+                                   "pad": sum(own.optimizer.groups_padding),
                                    "alive": sum(not ref.expired() for ref in made.values())}
+# a setting the flat step does not reproduce (DeepSpeed allows it without reduce_scatter only)
+out["predivide"] = engine(2, 1, True, {"gradient_predivide_factor": 2.0}, {"reduce_scatter": False})[1]
+loop.FLAT_STEP_DEEPSPEED = ("0.0.0",)
+out["other_version"] = engine(2, 1, True)[1]
 print(json.dumps(out))
 torch.distributed.destroy_process_group()
 """
@@ -375,10 +384,12 @@ def test_the_flat_zero_step_takes_deepspeeds_steps_without_a_host_read():
     done = subprocess.run([sys.executable, "-c", FLAT], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     cases = json.loads(done.stdout.strip().splitlines()[-1])
+    assert cases.pop("predivide") is False and cases.pop("other_version") is False  # DeepSpeed's own step there
     assert set(cases) == {"1/1", "1/2", "2/1", "2/2"}
     for name, case in cases.items():
         assert case["took"] and case["same"], (name, case)
         assert case["reads"][0] >= 1 and case["reads"][1] == 0, (name, case)  # DeepSpeed's clipping reads its norm
+        assert case["pad"] > 0  # DeepSpeed's flat layout with padding, which the flat buffer keeps at zero
     assert cases["2/1"]["alive"] == 0 and cases["2/2"]["alive"] == 0
 
 
