@@ -192,8 +192,8 @@ class DeepSpeedStep:
         self.device = self.engine.device
         self.world = self.engine.world_size
         cuda = torch.device(self.device).type == "cuda"
-        # DeepCompile's backend is a function of its own, which takes no torch.compile mode (and so no CUDA graphs).
         self.flat = flat_zero_step(self.engine)
+        # DeepCompile's backend is a function of its own, which takes no torch.compile mode (and so no CUDA graphs).
         largest = max((p.numel() for p in self.engine.module.parameters() if p.requires_grad), default=0)
         copied = (self.flat and cfg.zero_stage == 2) or (
             self.engine.zero_contiguous_gradients() and largest <= self.engine.zero_reduce_bucket_size())
@@ -277,14 +277,16 @@ def flat_zero_step(engine) -> bool:
 
 def flat_step_fits(engine, o) -> bool:
     """The configuration FlatStep reproduces: one process, bf16 weights and gradients, loss scale 1, no overflow
-    check, clipping by norm, no offload, overlap, pre-division, MoE, Muon or ZenFlow."""
+    check, clipping by norm, no offload, overlap, pre-division, MoE, Muon, ZenFlow or DeepCompile (which takes the
+    gradients itself)."""
     import torch
 
-    return (engine.world_size == 1 and o.dtype == torch.bfloat16 and o.gradient_accumulation_dtype == o.dtype
-            and all(c == 1 for c in o.partition_count) and not o.cpu_offload and not getattr(o, "zenflow", False)
-            and not o.has_moe_layers and o.loss_scale == 1.0 and not o.dynamic_loss_scale
-            and not o.custom_loss_scaler and o.torch_autocast_gradscaler is None and o.compute_grad_norm
-            and not o.check_grad_overflow and not o.overlap_comm and o.gradient_predivide_factor == 1.0
+    return (engine.world_size == 1 and not engine.is_deepcompile_enabled() and o.dtype == torch.bfloat16
+            and o.gradient_accumulation_dtype == o.dtype and all(c == 1 for c in o.partition_count)
+            and not o.cpu_offload and not getattr(o, "zenflow", False) and not o.has_moe_layers
+            and o.loss_scale == 1.0 and not o.dynamic_loss_scale and not o.custom_loss_scaler
+            and o.torch_autocast_gradscaler is None and o.compute_grad_norm and not o.check_grad_overflow
+            and not o.overlap_comm and o.gradient_predivide_factor == 1.0
             and not any(getattr(p, "use_muon", False) for g in o.bit16_groups for p in g))
 
 
@@ -294,8 +296,8 @@ class FlatStep:
     is one fp64 reduction over it (DeepSpeed: an fp64 norm per tensor, summed, then fp32), and DeepSpeed's clip factor
     is applied as a tensor, never read back (an inf/NaN norm clips with inf in both). DeepSpeed's arithmetic but for
     the order of the norm's fp64 sum, which rounds to the same fp32 norm (tests/test_train.py finds the updates equal
-    bit for bit on the CPU). The buffer lives from a step's first backward to its
-    optimizer step, as DeepSpeed's partition buffer does."""
+    bit for bit on the CPU). The buffer lives from a step's first backward to its optimizer step, as DeepSpeed's
+    partition buffer does."""
 
     def __init__(self, zero):
         self.zero, self.flats = zero, []
