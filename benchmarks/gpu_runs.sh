@@ -36,6 +36,10 @@ DB=sqlite:////tmp/dsnb_gpu/mlflow.db
 mkdir -p /tmp/dsnb_gpu
 dump() { python3 benchmarks/dump_runs.py "$DB" --tails "$OUT/tails_$1.txt" 2>/dev/null > "$OUT/runs_$1.jsonl"
          python3 -c "import json,sys; [print(r['name'], r['status'], r['metrics'].get('samples_per_second'), r['metrics'].get('peak_gpu_allocated_mb'), r['metrics'].get('peak_cpu_rss_mb')) for r in map(json.loads, open(sys.argv[1]))]" "$OUT/runs_$1.jsonl"; }
+# DeepSpeed's op builder cannot parse arch names such as "9.0a" in TORCH_CUDA_ARCH_LIST (this image's); for the ops it
+# builds at run time (NVMe I/O, DeepCompile's) give it the GPU's own (dsnb's preflight refuses the other, saying so).
+own_arch() { echo "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST:-}'"
+             export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1); }
 prebuild() { python3 -c "import sys; from dsnb.model import resolve_model; [resolve_model(m) for m in sys.argv[1:]]" "$@"; }
 B3=(--model synthetic:llama-3.2-3b --dataset synthetic --save_model false --tracking_uri "$DB")
 
@@ -100,9 +104,7 @@ nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels 
   export CFLAGS="-I/tmp/aio/usr/include" LDFLAGS="-L/tmp/aio/usr/lib/x86_64-linux-gnu" CPATH=/tmp/aio/usr/include \
     LIBRARY_PATH=/tmp/aio/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=/tmp/aio/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
   mkdir -p /tmp/nvme
-  # DeepSpeed's op builder cannot parse arch names such as "9.0a" in TORCH_CUDA_ARCH_LIST; give it the GPU's own.
-  echo "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST:-}'"
-  export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
+  own_arch
   timeout 300 python3 -m dsnb run --model synthetic:llama-3.2-1b --dataset synthetic --save_model false \
     --tracking_uri "$DB" --quantization none --lora_r 0 --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
     --strategy zero3 --offload_optimizer nvme --offload_param nvme --nvme_path /tmp/nvme --max_steps 3 \
@@ -242,7 +244,7 @@ deepcompile)  # full fine-tuning of the 3B shape under compiled ZeRO-3: plain to
   # Without offload (dc: the prefetch case), then in a second call the 15 GB variant with parameters and optimizer in
   # CPU RAM (offload_dc: DeepCompile moves parameters itself); compare speed and the loss curves in the listing
   prebuild synthetic:llama-3.2-3b
-  export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)  # as for nvme
+  own_arch
   for v in ${VARIANTS:-zero3 zero3_dc}; do
     base=full_zero3_compiled dc=0
     [[ $v != offload* ]] || base=full_zero3_offload_15gb

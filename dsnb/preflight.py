@@ -19,7 +19,8 @@ from .config import ConfigError, RunConfig, describe
 
 # "1": the DeepSpeed config of a compiled run gets compile.deepcompile, so engine.compile() runs DeepSpeed's DeepCompile
 # (its passes replace ZeRO's hooks with operations in the graph, and schedule ZeRO-3's prefetch and offload) instead
-# of plain torch.compile. An experiment to measure, not measured yet; DeepCompile builds a CUDA op: GPUs only.
+# of plain torch.compile. Off by default (measured once: benchmarks/results/deepcompile_h200.md); it builds a CUDA op:
+# GPUs only.
 DEEPCOMPILE_ENV = "DSNB_DEEPCOMPILE"
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
 STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
