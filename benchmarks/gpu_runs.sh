@@ -199,7 +199,8 @@ scale8b)  # full fine-tuning of the 8B shape, ZeRO-2 and ZeRO-3, optimizer offlo
 zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) replayed as CUDA graphs, beside the plain
   # compiled step; ZeRO-2 with DeepSpeed's per-step host syncs (bf16 overflow check, overlap_comm) on, as dsnb built it
   # before, and off ("nosync"); VARIANTS="fast_compiled zero2_flat zero2_stock ...": ZeRO-2 as dsnb builds it now,
-  # with dsnb's flat step and with DeepSpeed's own (DSNB_FLAT_STEP=0); a name ending in _2 is a repeat; PROFILE=name
+  # with dsnb's flat step and with DeepSpeed's own (DSNB_FLAT_STEP=0); "full_flat full_stock": the same two steps for
+  # full fine-tuning (the bench's full_zero2_compiled); a name ending in _2 is a repeat; PROFILE=name
   # profiles one. The older ZeRO variants now run with DeepSpeed's throughput timer off and, at ZeRO-1/2 in bf16, the
   # flat step, so they no longer reproduce zero_graphs_h200.md's figures (measured before both)
   prebuild synthetic:llama-3.2-3b
@@ -208,11 +209,12 @@ zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) repla
                        zero2_nosync_graphs_2}; do
     base=fast_zero2_compiled flags=() env=()
     [ "${v%_2}" != fast_compiled ] || base=fast_compiled
+    [[ $v != full_* ]] || base=full_zero2_compiled  # full fine-tuning: full_flat, full_stock
     case ${v%_2} in zero1_nohooks_graphs) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks.json);;
       zero1_nohooks_nocheck_graphs) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks_nocheck.json);;
       zero2_graphs) flags=(--ds_config_path /tmp/ds/z2_syncs.json);;
       zero2_nosync_graphs) flags=(--ds_config_path /tmp/ds/z2_nosync.json);;
-      zero2_stock) env+=(DSNB_FLAT_STEP=0);; esac  # zero2_flat: dsnb's default, its flat ZeRO-2 step
+      zero2_stock|full_stock) env+=(DSNB_FLAT_STEP=0);; esac  # zero2_flat, full_flat: dsnb's flat ZeRO-2 step
     [ "$v" != "${PROFILE:-}" ] || env+=(DSNB_PROFILE="$OUT/profile_lora_$v.txt")
     env "${env[@]}" TORCH_LOGS=perf_hints timeout "${LIMIT:-200}" python3 -m dsnb run \
       $(python3 benchmarks/bench_flags.py $base 8 24) "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero_graphs \
