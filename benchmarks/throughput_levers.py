@@ -3,10 +3,13 @@
     python benchmarks/throughput_levers.py LEVER [--untimed 8] [--steps 12] [--out FILE]   # on the GPU machine
 
 LEVER is one of:
-  base     the throughput mode with SDPA: packed rows of 512 tokens, attention through the block-diagonal mask
-           transformers builds from the restarting position ids (the bench's throughput_compiled before flex)
-  flex     attention flex, as the bench's throughput_compiled runs now: transformers' packed-sequence BlockMask,
-           built inside the compiled graph, so the 128 x 128 blocks where no sample meets another are skipped
+  base     the throughput mode as it first was: 256 samples a step packed into rows of 512 tokens (padding packed),
+           attention with SDPA through the block-diagonal mask transformers builds from the restarting position ids
+  flex     base with attention flex: transformers' packed-sequence BlockMask, built inside the compiled graph, so the
+           128 x 128 blocks where no sample meets another are skipped
+  filled   the bench's throughput_compiled now: flex, and 24 rows a step filled before training with as many samples
+           as fit (padding filled), instead of 256 samples packed into the rows a batch needs (92% real tokens)
+  nodrop   filled with LoRA dropout 0 instead of the tutorial's 0.05 (its random masks are elementwise work)
   cdt      base with inductor's coordinate-descent tuning of its Triton kernels (norms, rotary, SiLU)
   rows256  base with rows of 256 tokens (attention per token halves; more of each row is tail padding)
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)
@@ -23,7 +26,7 @@ def main() -> None:
     from dsnb.bench import bench_configs
 
     p = argparse.ArgumentParser()
-    p.add_argument("lever", choices=("base", "flex", "cdt", "rows256"))
+    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -31,9 +34,13 @@ def main() -> None:
     p.add_argument("--offline", action="store_true")
     a = p.parse_args()
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
-    cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers",
-                      attention="flex" if a.lever == "flex" else "sdpa")
-    if a.lever == "cdt":
+    cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
+    if a.lever in ("base", "flex", "cdt", "rows256"):  # 256 samples a step (offline 16), packed as a batch needs
+        cfg = cfg.replace(padding="packed", batch_size=16 if a.offline else 256, num_samples=64 if a.offline else 1024,
+                          attention="flex" if a.lever == "flex" else "sdpa")
+    if a.lever == "nodrop":
+        cfg = cfg.replace(lora_dropout=0.0)
+    elif a.lever == "cdt":
         import torch._inductor.config
 
         torch._inductor.config.coordinate_descent_tuning = True

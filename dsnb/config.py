@@ -22,7 +22,7 @@ STRATEGIES = ("baseline", "zero0", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "cpu", "nvme")
 QUANTIZATIONS = ("none", "8bit", "4bit")
 DTYPES = ("fp32", "bf16", "fp16")
-PADDINGS = ("max_length", "longest", "bucket", "packed")
+PADDINGS = ("max_length", "longest", "bucket", "packed", "filled")
 ATTENTIONS = ("sdpa", "flex")
 PROMPTS = ("eos", "tutorial", "chat")
 RAM_CHECKS = ("refuse", "warn")
@@ -84,8 +84,9 @@ class RunConfig:
     """Rows taken from the start of the train split."""
     padding: str = "max_length"
     """max_length pads every sample to max_length; longest pads each batch to its longest sample; bucket pads it to
-    the next multiple of 64 tokens (few shapes, for torch_compile); packed puts samples end to end in rows of
-    max_length tokens (no padding between them)."""
+    the next multiple of 64 tokens (few shapes, for torch_compile); packed puts batch_size samples end to end in rows
+    of max_length tokens (no padding between them); filled fills rows of max_length tokens before training with as
+    many samples as fit (best fit, longest first), and batch_size then counts rows: the samples a step vary."""
     prompt: str = "eos"
     """Training text: eos is the tutorial's "질문: ...\\n답변: ..." ending in the tokenizer's end-of-sequence token
     (so a generated answer stops); tutorial is the tutorial's text exactly (no end token); chat applies the model's own
@@ -93,16 +94,17 @@ class RunConfig:
     max_length: int = 512
     """Truncation length in tokens (also the padded length when padding is max_length)."""
     batch_size: int = 2
-    """Micro-batch per device."""
+    """Micro-batch per device: samples, or rows of max_length tokens with padding filled."""
     grad_accum: int = 4
     """Micro-batches accumulated per optimizer step."""
     torch_compile: bool = False
     """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step, with or
-    without DeepSpeed (its engine compiled); needs quantization none and padding bucket, packed or max_length."""
+    without DeepSpeed (its engine compiled); needs quantization none and padding bucket, packed, filled or
+    max_length."""
     attention: str = "sdpa"
     """sdpa (PyTorch's scaled-dot-product attention) | flex: flex attention, whose block mask skips the blocks of
-    packed rows where no sample meets another (needs padding packed, torch_compile true, strategy baseline and a GPU;
-    measured on an H200)."""
+    packed rows where no sample meets another (needs padding packed or filled, torch_compile true, strategy baseline
+    and a GPU; measured on an H200)."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training, scored with SQuAD's exact match and F1
     (SQuAD's validation split; offline, synthetic questions no training row holds); 0 skips it."""
@@ -236,18 +238,18 @@ class RunConfig:
                                  "set lora_r > 0 (LoRA) or quantization none")
 
     def _check_flex(self):
-        if self.padding != "packed" or not self.torch_compile:
-            fail("attention", "flex is for packed rows in the compiled loop; set padding packed and torch_compile "
-                              "true, or attention sdpa")
+        if self.padding not in ("packed", "filled") or not self.torch_compile:
+            fail("attention", "flex is for packed rows in the compiled loop; set padding packed or filled and "
+                              "torch_compile true, or attention sdpa")
         if self.zero_stage is not None:
             fail("attention", "flex has been measured without DeepSpeed only; set strategy baseline or attention "
                               "sdpa")
 
     def _check_compile(self):
-        fixed = ("bucket", "packed", "max_length")
+        fixed = ("bucket", "packed", "filled", "max_length")
         for name, ok, hint in (
                 ("quantization", self.quantization == "none", "none (bitsandbytes kernels break the graph)"),
-                ("padding", self.padding in fixed, "bucket, packed or max_length (fixed shapes)"),
+                ("padding", self.padding in fixed, "bucket, packed, filled or max_length (fixed shapes)"),
                 ("checkpoint_steps", not self.checkpoint_steps, "0 (the compiled loop keeps no checkpoints)"),
                 ("num_gpus", self.num_gpus == 1 or self.zero_stage is not None,
                  "1 without DeepSpeed (a zero strategy runs the compiled loop on several GPUs)")):

@@ -202,13 +202,18 @@ class BatchLog:
         self.collate, self.sizes = collate, []
 
     def __call__(self, features: list[dict]) -> dict:
-        self.sizes.append((len(features), sum(sum(f["attention_mask"]) for f in features)))
+        self.sizes.append((sum(samples_in(f) for f in features), sum(sum(f["attention_mask"]) for f in features)))
         return self.collate(features)
 
     def totals(self, micro_batches: int) -> tuple[int, int]:
         """(samples, real tokens) in the first `micro_batches` micro-batches."""
         done = self.sizes[:micro_batches]
         return sum(n for n, _ in done), sum(t for _, t in done)
+
+
+def samples_in(feature: dict) -> int:
+    """Samples in one feature: a sample, or a row of fill_rows (one sample starts at each position id 0)."""
+    return 1 if "position_ids" not in feature else sum(p == 0 for p in feature["position_ids"])
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "labels")  # what a padded batch holds (full_length stays behind)
@@ -220,10 +225,12 @@ def collator(tokenizer, cfg: RunConfig):
     """Batches of input ids, labels (-100 where nothing is predicted) and a mask or position ids.
 
     max_length/longest/bucket pad to the batch's longest row (rounded up to BUCKET for bucket);
-    packed puts the samples end to end in rows of cfg.max_length tokens.
+    packed puts the samples end to end in rows of cfg.max_length tokens; filled pads the rows fill_rows made.
     """
     if cfg.padding == "packed":
         return PackedCollator(tokenizer.pad_token_id, cfg.max_length)
+    if cfg.padding == "filled":
+        return FilledCollator(tokenizer.pad_token_id, cfg.max_length, cfg.batch_size)
     from transformers import DataCollatorForSeq2Seq
 
     pad = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=-100,
@@ -246,8 +253,6 @@ class PackedCollator:
         self.pad_id, self.row_length = pad_id, row_length
 
     def __call__(self, features: list[dict]) -> dict:
-        import torch
-
         order, placed = first_fit([len(f["input_ids"]) for f in features], self.row_length)
         rows: list[tuple[list, list, list]] = [([], [], []) for _ in range(packed_rows(placed))]
         for i in order:
@@ -255,13 +260,64 @@ class PackedCollator:
             ids.extend(sample)
             labels.extend([-100] + list(features[i]["labels"])[1:])
             positions.extend(range(len(sample)))
-        out = {"input_ids": [], "labels": [], "position_ids": []}
-        for ids, labels, positions in rows:  # no sample is longer than a row: both are max_length
-            pad = self.row_length - len(ids)
-            out["input_ids"].append(ids + [self.pad_id] * pad)
-            out["labels"].append(labels + [-100] * pad)
-            out["position_ids"].append(positions + list(range(pad)))
-        return {k: torch.tensor(v) for k, v in out.items()}
+        return padded_rows(rows, self.pad_id, self.row_length)
+
+
+def padded_rows(rows: list[tuple[list, list, list]], pad_id: int, row_length: int) -> dict:
+    """(input ids, labels, position ids) of packed rows as tensors, each row's tail padded to row_length tokens
+    (label -100, positions of its own)."""
+    import torch
+
+    out = {"input_ids": [], "labels": [], "position_ids": []}
+    for ids, labels, positions in rows:  # no sample is longer than a row: both are max_length
+        pad = row_length - len(ids)
+        out["input_ids"].append(ids + [pad_id] * pad)
+        out["labels"].append(labels + [-100] * pad)
+        out["position_ids"].append(positions + list(range(pad)))
+    return {k: torch.tensor(v) for k, v in out.items()}
+
+
+def fill_rows(samples, row_length: int):
+    """Padding "filled": the samples end to end in rows of row_length tokens, placed once before training, best fit
+    and longest first over the whole set, so the rows come out nearly full (a batch of whole rows then holds more
+    samples than packed's fixed count would fill). A datasets.Dataset of rows: input ids, labels (each sample's first
+    token -100, as in PackedCollator), position ids restarting at each sample, and an attention mask of ones (the
+    real tokens; the collator pads the tails and drops it)."""
+    import bisect
+
+    import datasets
+
+    plain = samples.select_columns(["input_ids", "labels", "attention_mask"]).to_dict()  # lists: fast to index
+    lengths = [sum(mask) for mask in plain["attention_mask"]]
+    members: list[list[int]] = []
+    rooms: list[tuple[int, int]] = []  # (tokens left, row), sorted: the first with room enough fits best
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        at = bisect.bisect_left(rooms, (lengths[i], -1))
+        room, row = rooms.pop(at) if at < len(rooms) else (row_length, len(members))
+        if row == len(members):
+            members.append([])
+        members[row].append(i)
+        bisect.insort(rooms, (room - lengths[i], row))
+    ids, labels = plain["input_ids"], plain["labels"]
+    columns: dict[str, list] = {"input_ids": [], "labels": [], "position_ids": [], "attention_mask": []}
+    for row in members:
+        columns["input_ids"].append([t for i in row for t in ids[i][:lengths[i]]])
+        columns["labels"].append([t for i in row for t in [-100] + list(labels[i][1:lengths[i]])])
+        columns["position_ids"].append([p for i in row for p in range(lengths[i])])
+        columns["attention_mask"].append([1] * sum(lengths[i] for i in row))
+    return datasets.Dataset.from_dict(columns)
+
+
+class FilledCollator:
+    """Pads fill_rows' rows to row_length tokens, and a batch short of `rows` rows (an epoch's last) with whole
+    padding rows: every batch has one shape, compiled once."""
+
+    def __init__(self, pad_id: int, row_length: int, rows: int):
+        self.pad_id, self.row_length, self.rows = pad_id, row_length, rows
+
+    def __call__(self, features: list[dict]) -> dict:
+        rows = [(list(f["input_ids"]), list(f["labels"]), list(f["position_ids"])) for f in features]
+        return padded_rows(rows + [([], [], [])] * (self.rows - len(rows)), self.pad_id, self.row_length)
 
 
 def first_fit(lengths: list[int], row_length: int) -> tuple[list[int], list[int]]:

@@ -36,8 +36,9 @@ terms (bytes):
                at least the weights plus that copy; with the optimizer offloaded it is the peak (measured:
                exactly twice the bf16 weights for 3B full fine-tuning on one H200 and 8B on one and on two),
                and est_peak_gpu_mb is then more than the sum of the est_*_mb terms
-Tokens per micro-batch are the worst case: batch x max_length with max_length padding, batch x the
-longest sample otherwise. The CUDA context (~0.5 GB) is outside the allocator and not counted.
+Tokens per micro-batch are the worst case: batch x max_length with max_length or filled padding, the most
+rows a packed batch took, batch x the longest sample otherwise. The CUDA context (~0.5 GB) is outside the
+allocator and not counted.
 
 Host RAM (the process's resident memory), fitted to the H200 runs of the 1B, 3B and 8B shapes
 (benchmarks/estimate_vs_measured.py): about 1.1 GB of libraries and CUDA, plus the weights file as stored
@@ -191,7 +192,7 @@ def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
     """The largest micro-batch in tokens: padded rows, or the longest real rows (rounded as collated)."""
     from .data import BUCKET, first_fit, packed_rows
 
-    if cfg.padding == "max_length":
+    if cfg.padding in ("max_length", "filled"):  # filled: batch_size rows of max_length tokens
         return cfg.batch_size * cfg.max_length
     lengths = [sum(mask) for mask in dataset["attention_mask"]]
     longest = max(lengths)

@@ -137,7 +137,7 @@ class PlainStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.cuda = self.device.type == "cuda" and os.environ.get(GRAPHS_ENV) != "0"
         # Static shapes: each batch shape (few: bucket rounds lengths to 64 tokens, packed rounds row counts to
-        # PACK_ROWS) compiles once, and "reduce-overhead" replays it as CUDA graphs.
+        # PACK_ROWS, filled has one) compiles once, and "reduce-overhead" replays it as CUDA graphs.
         self.forward = torch.compile(model, mode="reduce-overhead" if self.cuda else None, dynamic=False)
         # Summed over micro-batches, gradients need buffers outside the graphs' memory (module docstring): allocated
         # here, zeroed after each step (on the CPU too, where there are no graphs: one code path, tested there). With

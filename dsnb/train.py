@@ -57,35 +57,39 @@ class Plan:
     trainable: int
     estimate: dict
     truncated: int  # samples max_length cuts short
+    samples: int  # in train_set, whose rows are samples or (padding filled) rows of several
 
 
 def plan(cfg: RunConfig, world: int = 1) -> Plan:
     """Read and check the data (training and held-out rows) and estimate the run's memory, loading no weights."""
-    from .data import build_dataset, load_records, truncated
+    from .data import build_dataset, fill_rows, load_records, truncated
     from .estimate import estimate_memory, tokens_per_micro_batch, trainable_params
     from .model import load_tokenizer, model_config
 
     tokenizer = load_tokenizer(cfg)
-    train_set = build_dataset(cfg, tokenizer)
+    samples = build_dataset(cfg, tokenizer)
+    train_set = fill_rows(samples, cfg.max_length) if cfg.padding == "filled" else samples
     eval_rows = load_records(cfg, "eval", cfg.eval_samples) if cfg.eval_samples else []
     config = model_config(cfg.model)
     trainable = trainable_params(cfg, config)
-    estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, train_set), world)
-    return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, train_set))
+    estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world)
+    return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, samples), len(samples))
 
 
 def describe_plan(cfg: RunConfig, p: Plan) -> str:
     """The plan in one paragraph: data, held-out questions, trainable weights, estimated GPU and host memory."""
     est = p.estimate
-    tokens = sum(sum(m) for m in p.train_set["attention_mask"]) / len(p.train_set)
+    real = sum(sum(m) for m in p.train_set["attention_mask"])
     gpu = f"GPU peak about {est['est_peak_gpu_mb'] / 1024:.1f} GB" + (
         f" (budget {cfg.memory_budget_gb:g} GB)" if cfg.memory_budget_gb else "")
     host = f"host RAM about {est['est_peak_host_mb'] / 1024:.1f} GB" + (
         f" (budget {cfg.ram_budget_gb:g} GB)" if cfg.ram_budget_gb else "")
-    lines = [f"{len(p.train_set)} samples of {tokens:.0f} real tokens on average, {len(p.eval_rows)} held-out "
-             f"questions; {p.trainable:,} trainable weights; estimate: {gpu}, {host}"]
+    rows = (f" in {len(p.train_set)} rows of {cfg.max_length} tokens ({real / (len(p.train_set) * cfg.max_length):.1%}"
+            " real)") if cfg.padding == "filled" else ""
+    lines = [f"{p.samples} samples of {real / p.samples:.0f} real tokens on average{rows}, {len(p.eval_rows)} "
+             f"held-out questions; {p.trainable:,} trainable weights; estimate: {gpu}, {host}"]
     if p.truncated:
-        lines.append(f"warning: max_length {cfg.max_length} cuts {p.truncated} of {len(p.train_set)} samples short "
+        lines.append(f"warning: max_length {cfg.max_length} cuts {p.truncated} of {p.samples} samples short "
                      "(their answers lose tokens); raise max_length to keep them whole")
     return "\n".join(lines)
 

@@ -86,6 +86,44 @@ def test_packed_rows_give_the_padded_batch_its_loss(tokenizer):
         assert abs(float(model(**packed).loss) - float(a)) > 3e-4  # 5x the tolerance the packed loss is held to
 
 
+def test_filled_rows_hold_each_sample_once_nearly_full_and_give_the_padded_batch_its_loss(tokenizer):
+    """padding filled: rows made once, best fit; every sample in exactly one row, whole; fuller rows than packed's
+    batches of the same samples; one batch shape (padding rows fill a short batch); the padded batch's loss."""
+    import torch
+
+    from dsnb.data import BatchLog, fill_rows, first_fit, packed_rows
+    from dsnb.model import load_model
+
+    padded_cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, padding="longest", num_samples=48))
+    ds = build_dataset(padded_cfg, tokenizer)
+    rows = fill_rows(ds, 128)
+    ids = [list(x) for x in ds["input_ids"]]
+    split = []  # the rows cut back into samples where the position ids restart
+    for row, positions in zip(rows["input_ids"], rows["position_ids"], strict=True):
+        assert len(row) <= 128
+        starts = [i for i, p in enumerate(positions) if p == 0] + [len(row)]
+        split += [row[a:b] for a, b in zip(starts, starts[1:], strict=False)]
+    assert sorted(split) == sorted(ids)
+    lengths = [len(x) for x in ids]
+    packed = sum(packed_rows(first_fit(lengths[i:i + 16], 128)[1]) for i in range(0, 48, 16))
+    assert len(rows) < packed  # fuller rows: the same samples in fewer of them
+    assert sum(lengths) / (128 * len(rows)) > 0.85
+
+    filled_cfg = padded_cfg.replace(padding="filled", max_length=128, batch_size=len(rows) + 1)
+    counted = BatchLog(collator(tokenizer, filled_cfg))
+    filled = counted([rows[i] for i in range(len(rows))])
+    assert set(filled) == {"input_ids", "labels", "position_ids"}
+    assert filled["input_ids"].shape == (len(rows) + 1, 128)  # a short batch still takes batch_size rows
+    assert (filled["labels"][-1] == -100).all()
+    padded = collator(tokenizer, padded_cfg)([ds[i] for i in range(48)])
+    assert counted.sizes == [(48, int(padded["attention_mask"].sum()))]  # samples and real tokens, as trained
+    assert int((filled["labels"] != -100).sum()) == int((padded["labels"][:, 1:] != -100).sum())
+    model, _ = load_model(padded_cfg, "cpu")
+    model.eval()
+    with torch.no_grad():
+        assert float(model(**filled).loss) == pytest.approx(float(model(**padded).loss), rel=1e-5)
+
+
 def test_flex_attention_gives_packed_rows_the_padded_batch_its_loss_in_one_graph(tokenizer):
     """attention flex: the block mask of packed rows is built inside the compiled graph (transformers' own call
     breaks it), no sample sees another, and held-out answers are generated through SDPA as in every other variant.
