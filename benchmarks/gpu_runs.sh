@@ -207,18 +207,18 @@ zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) repla
   python3 benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds
   for v in ${VARIANTS:-fast_compiled zero2_graphs zero2_nosync_graphs zero1_nohooks_nocheck_graphs fast_compiled_2 \
                        zero2_nosync_graphs_2}; do
-    base=fast_zero2_compiled flags=() env=()
+    base=fast_zero2_compiled flags=() env=() name=lora_$v
     [ "${v%_2}" != fast_compiled ] || base=fast_compiled
-    [[ $v != full_* ]] || base=full_zero2_compiled  # full fine-tuning: full_flat, full_stock
+    [[ $v != full_* ]] || base=full_zero2_compiled name=$v  # full fine-tuning: full_flat, full_stock
     case ${v%_2} in zero1_nohooks_graphs) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks.json);;
       zero1_nohooks_nocheck_graphs) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks_nocheck.json);;
       zero2_graphs) flags=(--ds_config_path /tmp/ds/z2_syncs.json);;
       zero2_nosync_graphs) flags=(--ds_config_path /tmp/ds/z2_nosync.json);;
       zero2_stock|full_stock) env+=(DSNB_FLAT_STEP=0);; esac  # zero2_flat, full_flat: dsnb's flat ZeRO-2 step
-    [ "$v" != "${PROFILE:-}" ] || env+=(DSNB_PROFILE="$OUT/profile_lora_$v.txt")
+    [ "$v" != "${PROFILE:-}" ] || env+=(DSNB_PROFILE="$OUT/profile_$name.txt")
     env "${env[@]}" TORCH_LOGS=perf_hints timeout "${LIMIT:-200}" python3 -m dsnb run \
       $(python3 benchmarks/bench_flags.py $base 8 24) "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero_graphs \
-      --run_name "lora_$v" > "$OUT/lora_$v.log" 2>&1
+      --run_name "$name" > "$OUT/$name.log" 2>&1
     echo "$v exit $?"; dump zerographs > /dev/null
   done
   dump zerographs

@@ -224,12 +224,14 @@ if __name__ == "__main__":
           "(h200_runs/zero_graphs.jsonl)",
           8, 24, 1, "lora_fast_compiled")
     table("graphscheck.jsonl", ["plain_ga2", "plain_ga2_nographs", "z2_ga2", "z2_ga2_nographs", "z2_fp16",
-                                "z2_fp16_nographs"], "graphs_check_h200",
+                                "z2_fp16_nographs", "z2_ga2_flat", "z2_ga2_flat_nographs"], "graphs_check_h200",
           "OUT=out bash benchmarks/gpu_runs.sh graphscheck, then VARIANTS=\"z2_fp16 z2_fp16_nographs\" in a "
-          "second call (h200_runs/graphscheck.jsonl)", 8, 24, 1, "plain_ga2_nographs")
+          "second call; the _flat pair in a later session's call, with VARIANTS=\"z2_ga2 z2_ga2_nographs\" "
+          "(h200_runs/graphscheck.jsonl)", 8, 24, 1, "plain_ga2_nographs")
     curve_gaps("graphscheck.jsonl", [("plain_ga2", "plain_ga2_nographs"), ("z2_ga2", "z2_ga2_nographs"),
                                      ("plain_ga2", "z2_ga2"), ("plain_ga2_nographs", "z2_ga2_nographs"),
-                                     ("z2_fp16", "z2_fp16_nographs")], "graphs_check_h200")
+                                     ("z2_fp16", "z2_fp16_nographs"), ("z2_ga2_flat", "z2_ga2_flat_nographs")],
+               "graphs_check_h200")
     table("zero_flat.jsonl", ["lora_fast_compiled", "lora_fast_compiled_2", "lora_zero2_flat", "lora_zero2_flat_2",
                               "lora_zero2_stock", "lora_zero2_stock_2"], "zero_flat_h200",
           "VARIANTS=\"fast_compiled zero2_flat zero2_stock fast_compiled_2 zero2_flat_2 zero2_stock_2\" OUT=out bash "
@@ -237,6 +239,12 @@ if __name__ == "__main__":
     plain, flat, stock = (["lora_" + name, f"lora_{name}_2"] for name in ("fast_compiled", "zero2_flat", "zero2_stock"))
     curve_gaps("zero_flat.jsonl", [tuple(plain), tuple(flat), tuple(stock), *zip(flat, plain, strict=True),
                                    *zip(flat, stock, strict=True)], "zero_flat_h200")
+    table("zero_flat_full.jsonl", ["full_flat", "full_flat_2", "full_stock", "full_stock_2"], "zero_flat_full_h200",
+          "VARIANTS=\"full_flat full_stock full_flat_2 full_stock_2\" LIMIT=150 OUT=out bash benchmarks/gpu_runs.sh "
+          "zerographs   (h200_runs/zero_flat_full.jsonl)", 8, 24, 1, "full_stock")
+    curve_gaps("zero_flat_full.jsonl", [("full_flat_2", "full_stock_2"), ("full_flat", "full_stock"),
+                                        ("full_flat", "full_flat_2"), ("full_stock", "full_stock_2")],
+               "zero_flat_full_h200")
     table("deepcompile.jsonl", ["zero3", "zero3_dc"], "deepcompile_h200",
           "VARIANTS=\"zero3_dc zero3\" LIMIT=430 OUT=out bash benchmarks/gpu_runs.sh deepcompile   "
           "(h200_runs/deepcompile.jsonl)", 8, 16, 1, "zero3")
