@@ -99,13 +99,14 @@ def levers() -> None:
         runs = [json.loads(line) for line in f if line.strip()]
     lines = ["# The throughput mode's levers on one H200", "",
              "`python benchmarks/throughput_levers.py LEVER --out levers.jsonl` for base, flex, rows256 and cdt in one "
-             "call, then flex and base in a second (listing: h200_runs/throughput_levers.jsonl; 8 untimed and 12 "
-             "timed steps of 256 samples)", "",
-             "| lever | run | samples/s | real tokens/s | MFU | step ms | mean loss |", "|---|---|---|---|---|---|---|"]
+             "call, then flex and base in a second; filled, flex, nodrop, filled, flex, nodrop in a third, a later "
+             "session (listing: h200_runs/throughput_levers.jsonl; 8 untimed and 12 timed steps)", "",
+             "| call | lever | run | samples/s | real tokens/s | MFU | step ms | mean loss |",
+             "|---|---|---|---|---|---|---|---|"]
     seen: dict[str, int] = {}
     for r in runs:
         seen[r["lever"]] = seen.get(r["lever"], 0) + 1
-        lines.append(f"| {r['lever']} | {seen[r['lever']]} | {r['samples_per_second']:.0f} | "
+        lines.append(f"| {r['call']} | {r['lever']} | {seen[r['lever']]} | {r['samples_per_second']:.0f} | "
                      f"{r['tokens_per_second']:,.0f} | {100 * r['mfu']:.1f}% | {r['step_time_ms']:.0f} | "
                      f"{r['train_loss']:.3f} |")
     with open(os.path.join(HERE, "throughput_levers_h200.md"), "w") as f:

@@ -46,7 +46,7 @@ VARIANTS = {
     "full_zero3_offload_15gb": dict(FULL, padding="bucket", torch_compile=True, strategy="zero3", batch_size=32,
                                     offload_optimizer="cpu", offload_param="cpu", memory_budget_gb=15),
     # The throughput mode: 24 rows of 512 tokens a step, filled before training with as many samples as fit (about
-    # 275 of the synthetic set's), whose attention skips the blocks where no sample meets another (flex; on the CPU,
+    # 272 of the synthetic set's), whose attention skips the blocks where no sample meets another (flex; on the CPU,
     # which has no flex backward, SDPA); 6,000 samples make 529 rows, 22 full batches: every step the bench times.
     "throughput_compiled": dict(COMPILED, padding="filled", attention="flex", batch_size=24, num_samples=6000),
 }
