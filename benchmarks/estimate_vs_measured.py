@@ -23,7 +23,7 @@ MEASURED = [  # name, shape, RunConfig changes, GPUs, peak_gpu_allocated_mb, sou
     ("fast", "llama-3.2-3b", FAST, 1, 8539, "nvidia_h200.json"),
     ("fast_zero2", "llama-3.2-3b", dict(FAST, strategy="zero2"), 1, 9711, "nvidia_h200.json"),
     ("fast_compiled", "llama-3.2-3b", dict(FAST, padding="bucket", torch_compile=True), 1, 7914, "nvidia_h200.json"),
-    ("throughput_compiled", "llama-3.2-3b", VARIANTS["throughput_compiled"], 1, 40292, "nvidia_h200.json"),
+    ("throughput_compiled", "llama-3.2-3b", VARIANTS["throughput_compiled"], 1, 47096, "nvidia_h200.json"),
     ("full, no DeepSpeed", "llama-3.2-3b", FULL, 1, 30713, "multi_gpu_h200.md"),
     ("full ZeRO-1", "llama-3.2-3b", dict(FULL, strategy="zero1"), 1, 73602, "multi_gpu_h200.md"),
     ("full ZeRO-2", "llama-3.2-3b", dict(FULL, strategy="zero2"), 1, 73602, "multi_gpu_h200.md"),
@@ -77,7 +77,8 @@ The misses:
   and the 8B shape on one and on two, which the estimate now counts. The 1B shape (tied embeddings) peaked
   1.2 GB above the estimate (2.1 GB above twice its weights; -18%), not explained here.
 - ZeRO-3 with only the optimizer offloaded, 8B on two GPUs (-21%; -12% on one): not explained here.
-- The packed throughput mode (+24%): see the note on the synthetic set below.
+- The throughput mode (+6%): now 24 filled rows of 512 tokens a step, measured on today's set (the packed mode
+  before it, on the older set's shorter samples, came out +24%).
 - The 8B run capped at 15 GB peaked 0.9 GB above the uncapped map cell of the same variant (7.4 against
   6.5 GB; it also drew from 1,000 samples rather than 200, which the estimate counts as 54 MB more). The
   extra is not explained here (-16%).
@@ -85,16 +86,15 @@ Every run also logs `est_peak_gpu_mb` and `est_error_gpu` beside its measured pe
 
 The runs above were measured on the synthetic set before 2026-12-01 (about 38 real tokens a sample); the
 estimates are made from today's set (its held-out split and the end-of-sequence token: about 44), so the
-activation terms, and most of all the packed throughput mode's row count, come out a few percent higher
-than they were for the runs measured. The 2026-12-01 runs (`h200_runs/speed.jsonl`, `colab.jsonl`) logged
-their own estimates against today's data: est_error_gpu within 7% for 14 of 19 (the tutorial pair, LoRA
-compiled with and without ZeRO-2, fp16, full fine-tuning under the Trainer, ZeRO-2 on one and two GPUs, ZeRO-3
-with offload under 15 GB); over by 23% for full fine-tuning compiled (likely the parameter-sized temporary
-counted for torch's foreach AdamW, which the compiled loop's fused AdamW does not make; not checked) and 16%
-for ZeRO-3 compiled; under by 56% for the 0.4M-parameter quality model, whose few megabytes are mostly
-buffers the estimate leaves out. Their host-RAM estimates (est_error_host) are within 9%, but for the two fp16
-runs that held two copies of the weights before dsnb loaded them straight to the GPU (-46%) and the quality
-model (-39%).
+activation terms come out a few percent higher than they were for the runs measured. The 2026-12-01 runs
+(`h200_runs/speed.jsonl`, `colab.jsonl`) logged their own estimates against today's data: est_error_gpu within
+7% for 14 of 19 (the tutorial pair, LoRA compiled with and without ZeRO-2, fp16, full fine-tuning under the
+Trainer, ZeRO-2 on one and two GPUs, ZeRO-3 with offload under 15 GB); over by 23% for full fine-tuning
+compiled (likely the parameter-sized temporary counted for torch's foreach AdamW, which the compiled loop's
+fused AdamW does not make; not checked) and 16% for ZeRO-3 compiled; under by 56% for the 0.4M-parameter
+quality model, whose few megabytes are mostly buffers the estimate leaves out. Their host-RAM estimates
+(est_error_host) are within 9%, but for the two fp16 runs that held two copies of the weights before dsnb
+loaded them straight to the GPU (-46%) and the quality model (-39%).
 """
 
 

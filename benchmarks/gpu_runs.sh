@@ -24,6 +24,7 @@
 #                                                    # (VARIANTS="z2_fp16 z2_fp16_nographs": ZeRO-2 in fp16)
 #   OUT=out bash benchmarks/gpu_runs.sh deepcompile  # full fine-tuning under compiled ZeRO-3, DeepSpeed's DeepCompile
 #                                                    # against engine.compile(); VARIANTS="offload offload_dc": in 15 GB
+#                                                    # (offload_dc failed on the H200 and preflight now refuses it)
 # Every command has its own time limit and each stage ends by listing every run in its MLflow store, so a
 # stage cut short still reports what finished.
 # Results land in $OUT (copy them into benchmarks/results/); MLflow stores stay on the machine.
@@ -57,9 +58,8 @@ throughput)  # the throughput mode alone: one repeat at a time (compiling beside
     --repeats "${REPEATS:-3}" --untimed 8 --steps 12 --out "$OUT" --tracking_uri "$DB"
   [ "${HINTS:-1}" = 1 ] || { dump throughput; continue; }  # HINTS=0: the bench alone
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
-  TORCH_LOGS=perf_hints timeout 200 python3 -m dsnb run "${B3[@]}" --quantization none --dtype bf16 --padding packed \
-    --batch_size 256 --grad_accum 1 --torch_compile true --max_steps 6 --untimed_steps 4 --run_name perf_hints \
-    > "$OUT/throughput_perf_hints.log" 2>&1
+  TORCH_LOGS=perf_hints timeout 200 python3 -m dsnb run $(python3 benchmarks/bench_flags.py throughput_compiled 4 2) \
+    --tracking_uri "$DB" --run_name perf_hints > "$OUT/throughput_perf_hints.log" 2>&1
   grep -i "cudagraph" "$OUT/throughput_perf_hints.log" | sort | uniq -c | head -20
   dump throughput
   ;;

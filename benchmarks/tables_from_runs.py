@@ -106,7 +106,7 @@ def levers() -> None:
     seen: dict[str, int] = {}
     for r in runs:
         seen[r["lever"]] = seen.get(r["lever"], 0) + 1
-        lines.append(f"| {r['call']} | {r['lever']} | {seen[r['lever']]} | {r['samples_per_second']:.0f} | "
+        lines.append(f"| {r.get('call', '')} | {r['lever']} | {seen[r['lever']]} | {r['samples_per_second']:.0f} | "
                      f"{r['tokens_per_second']:,.0f} | {100 * r['mfu']:.1f}% | {r['step_time_ms']:.0f} | "
                      f"{r['train_loss']:.3f} |")
     with open(os.path.join(HERE, "throughput_levers_h200.md"), "w") as f:

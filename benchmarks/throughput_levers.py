@@ -14,7 +14,8 @@ LEVER is one of:
   rows256  base with rows of 256 tokens (attention per token halves; more of each row is tail padding)
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)
 
-Prints (and with --out appends) one JSON line: the lever, samples/s, real tokens/s, MFU, step time and mean loss.
+Prints (and with --out appends) one JSON line: the lever, samples/s, real tokens/s, MFU, step time and mean loss
+(h200_runs/throughput_levers.jsonl adds which GPU call each line came from, by hand).
 """
 import argparse
 import json

@@ -81,7 +81,7 @@ class RunConfig:
     dataset: str = "squad"
     """squad (hub), synthetic (offline), or a .json/.jsonl/.csv/.parquet file with SQuAD's fields."""
     num_samples: int = 1000
-    """Rows taken from the start of the train split."""
+    """Samples taken from the start of the train split."""
     padding: str = "max_length"
     """max_length pads every sample to max_length; longest pads each batch to its longest sample; bucket pads it to
     the next multiple of 64 tokens (few shapes, for torch_compile); packed puts batch_size samples end to end in rows
@@ -92,7 +92,8 @@ class RunConfig:
     (so a generated answer stops); tutorial is the tutorial's text exactly (no end token); chat applies the model's own
     chat template."""
     max_length: int = 512
-    """Truncation length in tokens (also the padded length when padding is max_length)."""
+    """Truncation length in tokens (also the padded length when padding is max_length, and the row length when it is
+    packed or filled)."""
     batch_size: int = 2
     """Micro-batch per device: samples, or rows of max_length tokens with padding filled."""
     grad_accum: int = 4
@@ -277,7 +278,7 @@ class RunConfig:
         return self.repeats or (3 if 0 < self.max_steps <= 100 else 1)
 
     def samples_per_step(self, world_size: int = 1) -> int:
-        """Samples in one optimizer step over every process."""
+        """Samples (rows, with padding filled) in one optimizer step over every process."""
         return self.batch_size * self.grad_accum * world_size
 
     def derived_name(self) -> str:

@@ -20,7 +20,7 @@ from .config import ConfigError, RunConfig, describe
 # "1": the DeepSpeed config of a compiled run gets compile.deepcompile, so engine.compile() runs DeepSpeed's DeepCompile
 # (its passes replace ZeRO's hooks with operations in the graph, and schedule ZeRO-3's prefetch and offload) instead
 # of plain torch.compile. Off by default (measured once: benchmarks/results/deepcompile_h200.md); it builds a CUDA op:
-# GPUs only.
+# GPUs only; with parameter offload it failed there, and is refused.
 DEEPCOMPILE_ENV = "DSNB_DEEPCOMPILE"
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
 STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
@@ -80,12 +80,7 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
         if not op_built(CPUAdamBuilder(), "CPU Adam"):
             print(f"dsnb: DeepSpeed builds its CPU Adam op first: about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, once "
                   "per machine (python -m dsnb prepare builds it ahead)", flush=True)
-    own = read_ds_config(cfg) if cfg.ds_config_path else {}
-    if cfg.zero_stage is not None and deepcompile_asked(cfg, own):
-        if device == "cpu":
-            raise ConfigError("DeepSpeed's DeepCompile needs a CUDA GPU (it builds a CUDA op); unset DSNB_DEEPCOMPILE "
-                              "and take compile.deepcompile out of ds_config_path's JSON, or run on a GPU")
-        check_arch_list("DeepCompile")
+    check_deepcompile(cfg, device)
     from .model import resolve_model
 
     if not cfg.model.startswith("synthetic:"):
@@ -278,6 +273,23 @@ def check_nvme_space(path: str, needed_mb: float) -> None:
     if free_mb < needed_mb:
         raise ConfigError(f"nvme_path {path} has {free_mb / 1024:.1f} GB free but this run offloads about "
                           f"{needed_mb / 1024:.1f} GB; free space there or set nvme_path to a larger disk")
+
+
+def check_deepcompile(cfg: RunConfig, device: str) -> None:
+    """DeepCompile, where asked for: not with parameter offload (it failed so on the H200), on a GPU only, and with a
+    TORCH_CUDA_ARCH_LIST DeepSpeed can build its op for."""
+    own = read_ds_config(cfg) if cfg.ds_config_path else {}
+    if cfg.zero_stage is None or not deepcompile_asked(cfg, own):
+        return
+    if cfg.offload_param != "none":  # measured: benchmarks/results/deepcompile_h200.md
+        raise ConfigError(f"DeepSpeed's DeepCompile with offload_param {cfg.offload_param} failed on the H200 (its "
+                          "parameter offload left the output layer's weight unallocated in the first compiled "
+                          "forward; DeepSpeed 0.19.8, torch 2.11); unset DSNB_DEEPCOMPILE (and take "
+                          "compile.deepcompile out of ds_config_path's JSON) or set offload_param none")
+    if device == "cpu":
+        raise ConfigError("DeepSpeed's DeepCompile needs a CUDA GPU (it builds a CUDA op); unset DSNB_DEEPCOMPILE "
+                          "and take compile.deepcompile out of ds_config_path's JSON, or run on a GPU")
+    check_arch_list("DeepCompile")
 
 
 def deepcompile_asked(cfg: RunConfig, config: dict) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from transformers import TrainerCallback
 
 from . import preflight, tracking
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 
 MFU_CONVENTION = "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"
 
@@ -68,7 +68,14 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
 
     tokenizer = load_tokenizer(cfg)
     samples = build_dataset(cfg, tokenizer)
-    train_set = fill_rows(samples, cfg.max_length) if cfg.padding == "filled" else samples
+    train_set = samples
+    if cfg.padding == "filled":
+        train_set = fill_rows(samples, cfg.max_length)
+        if cfg.samples_per_step(world) > len(train_set):
+            raise ConfigError(f"padding filled puts the {len(samples)} samples in {len(train_set)} rows of "
+                              f"{cfg.max_length} tokens, but one step takes batch_size x grad_accum x {world} "
+                              f"process(es) = {cfg.samples_per_step(world)} rows; raise num_samples or lower "
+                              "batch_size or grad_accum")
     eval_rows = load_records(cfg, "eval", cfg.eval_samples) if cfg.eval_samples else []
     config = model_config(cfg.model)
     trainable = trainable_params(cfg, config)
@@ -347,6 +354,10 @@ def fit(s: Session, checkpoint: str | None) -> dict:
                                  callback.curve or (lambda step, logs: None), callback.begin)
         else:
             raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
+            # The Trainer counts steps x batch_size x grad_accum, which are rows with padding filled: count the
+            # samples the loop consumed instead, as the compiled loop does (a short last batch counts short).
+            samples, _ = s.timer.batches.totals(s.timer.consumed)
+            raw["train_samples_per_second"] = samples * s.world / raw["train_runtime"]
         before = s.quality.scores.get("before", {}).get("seconds", 0.0)
         if before:  # the Trainer's clock ran through the "before" answers: take them out of its numbers
             scale = raw["train_runtime"] / (raw["train_runtime"] - before)

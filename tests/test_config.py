@@ -46,6 +46,7 @@ def test_every_field_is_documented():
     (dict(attention="flash"), "attention"),
     (dict(attention="flex", torch_compile=True, quantization="none", dtype="bf16", padding="bucket"), "attention"),
     (dict(attention="flex", quantization="none", dtype="bf16", padding="packed"), "attention"),  # not compiled
+    (dict(attention="flex", quantization="none", dtype="bf16", padding="filled"), "attention"),  # not compiled
     (dict(attention="flex", torch_compile=True, quantization="none", dtype="bf16", padding="packed",
           strategy="zero2"), "attention"),
 ])
@@ -53,6 +54,12 @@ def test_rejected_combinations_name_the_field(changes, field):
     with pytest.raises(ConfigError) as err:
         RunConfig(**changes)
     assert str(err.value).startswith(field), str(err.value)
+
+
+@pytest.mark.parametrize("padding", ["packed", "filled"])
+def test_packed_and_filled_rows_compile_with_flex(padding):
+    cfg = RunConfig(attention="flex", torch_compile=True, quantization="none", dtype="bf16", padding=padding)
+    assert (cfg.padding, cfg.attention) == (padding, "flex")
 
 
 def test_strings_from_the_command_line_are_coerced():

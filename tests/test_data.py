@@ -124,6 +124,25 @@ def test_filled_rows_hold_each_sample_once_nearly_full_and_give_the_padded_batch
         assert float(model(**filled).loss) == pytest.approx(float(model(**padded).loss), rel=1e-5)
 
 
+def test_filled_rows_place_the_longest_first_each_where_it_fits_best():
+    """Best fit, longest first, on lengths chosen so each choice shows: a sample of exactly max_length has a row to
+    itself; 28 tokens go to the row with 28 left, not the one with 1; 1 token fills the row with 1 left."""
+    import datasets
+
+    from dsnb.data import fill_rows, samples_in
+
+    lengths = [128, 100, 28, 1, 127]
+    ids = [[10 + i] * n for i, n in enumerate(lengths)]  # each sample's tokens name it
+    masks = [[1] * n for n in lengths]
+    samples = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids, "attention_mask": masks})
+    rows = fill_rows(samples, 128)
+    assert [sorted(set(row)) for row in rows["input_ids"]] == [[10], [13, 14], [11, 12]]
+    assert [len(row) for row in rows["input_ids"]] == [128, 128, 128]
+    assert rows["position_ids"][1] == list(range(127)) + [0]
+    assert rows["labels"][1] == [-100] + [14] * 126 + [-100]  # nothing predicts a sample's first token
+    assert [samples_in(rows[i]) for i in range(3)] == [1, 2, 2]
+
+
 def test_flex_attention_gives_packed_rows_the_padded_batch_its_loss_in_one_graph(tokenizer):
     """attention flex: the block mask of packed rows is built inside the compiled graph (transformers' own call
     breaks it), no sample sees another, and held-out answers are generated through SDPA as in every other variant.

@@ -81,6 +81,7 @@ def test_tokens_per_micro_batch_is_the_worst_case():
     ds = build_dataset(cfg, load_tokenizer(cfg))
     assert tokens_per_micro_batch(cfg, ds) == 4 * max(len(x) for x in ds["input_ids"])
     assert tokens_per_micro_batch(cfg.replace(padding="max_length"), ds) == 4 * cfg.max_length
+    assert tokens_per_micro_batch(cfg.replace(padding="filled"), ds) == 4 * cfg.max_length  # 4 rows, each whole
 
 
 def test_packed_estimate_covers_every_collated_batch():

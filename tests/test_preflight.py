@@ -116,6 +116,9 @@ def test_deepcompile_is_refused_on_the_cpu_by_either_switch(tmp_path, monkeypatc
     own.write_text(json.dumps({**deepspeed_config(cfg), "compile": {"deepcompile": True}}))
     with pytest.raises(ConfigError, match="take compile.deepcompile out of ds_config_path's JSON"):
         check(cfg.replace(ds_config_path=str(own)), "cpu")
+    monkeypatch.setenv("DSNB_DEEPCOMPILE", "1")  # with parameters in CPU RAM it failed on the H200: refused first
+    with pytest.raises(ConfigError, match="DeepCompile with offload_param cpu failed on the H200.*offload_param none"):
+        check(cfg.replace(offload_param="cpu", offload_optimizer="cpu"), "cpu")
 
 
 def test_deepcompile_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, monkeypatch):

@@ -82,7 +82,8 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path, monkeypatch):
     trainer = RunConfig(**common, run_name="trainer")
     compiled = trainer.replace(torch_compile=True, run_name="compiled")
     packed = compiled.replace(padding="packed", run_name="packed")
-    # filled: the 4 samples in 2 rows made before training, a row a micro-batch, in the Trainer and compiled
+    # filled: the 4 samples in 2 rows made before training, a row a micro-batch, in the Trainer and compiled (a
+    # batch completed by padding rows: tests/test_data.py, with the padded batch's loss)
     filled = trainer.replace(padding="filled", batch_size=1, run_name="filled")
     filled_compiled = filled.replace(torch_compile=True, run_name="filled_compiled")
     results = run_all([trainer, compiled, packed, filled, filled_compiled], progress=False)
@@ -96,6 +97,8 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path, monkeypatch):
         assert curve == pytest.approx(curves[0], rel=1e-3)
     real = [r.metrics["real_tokens_per_sample"] for r in results]
     assert real[1:] == pytest.approx(real[:1] * 4)
+    for r in results:  # 4 steps of the 4 samples in every loop: samples counted, not rows (the Trainer counts rows)
+        assert r.metrics["train_samples_per_second"] * r.metrics["train_runtime"] == pytest.approx(16, rel=1e-3), r.name
     assert all(r.metrics["tokens_per_second"] > 0 for r in results)
     text = profile.read_text()
     assert text.startswith("step 1: wall ") and "By host time:" in text and "aten::" in text
