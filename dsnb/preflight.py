@@ -66,9 +66,10 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
     check_device(cfg, device)
     check_store(cfg.tracking_uri)
     world = world_size() if "WORLD_SIZE" in os.environ else cfg.num_gpus
-    if cfg.samples_per_step(world) > cfg.num_samples:
+    if cfg.samples_per_step(world) > cfg.num_samples:  # filled: rows, each of a sample or more (plan() counts them)
+        unit = "rows" if cfg.padding == "filled" else "samples"
         raise ConfigError(f"num_samples is {cfg.num_samples} but one step takes batch_size x grad_accum x "
-                          f"{world} process(es) = {cfg.samples_per_step(world)} samples; raise num_samples or "
+                          f"{world} process(es) = {cfg.samples_per_step(world)} {unit}; raise num_samples or "
                           "lower batch_size or grad_accum")
     if cfg.dataset not in ("squad", "synthetic") and not os.path.isfile(cfg.dataset):
         raise ConfigError(f"dataset file {cfg.dataset!r} does not exist; check the path or use dataset=synthetic")

@@ -143,6 +143,18 @@ def test_filled_rows_place_the_longest_first_each_where_it_fits_best():
     assert [samples_in(rows[i]) for i in range(3)] == [1, 2, 2]
 
 
+def test_a_filled_step_larger_than_its_rows_is_refused_naming_them():
+    """64 offline samples fill 25 rows of 128 tokens: 16 x 2 rows a step would pass the samples' check (32 <= 64)."""
+    from dsnb.train import describe_plan, plan
+
+    cfg = RunConfig(**dict(OFFLINE, padding="filled", batch_size=16, grad_accum=2))
+    with pytest.raises(ConfigError, match=r"puts the 64 samples in \d+ rows of 128 tokens.* = 32 rows"):
+        plan(cfg)
+    p = plan(cfg.replace(batch_size=4))
+    assert (p.samples, len(p.train_set)) == (64, 25)
+    assert describe_plan(cfg, p).startswith("64 samples of 45 real tokens on average in 25 rows of 128 tokens (")
+
+
 def test_flex_attention_gives_packed_rows_the_padded_batch_its_loss_in_one_graph(tokenizer):
     """attention flex: the block mask of packed rows is built inside the compiled graph (transformers' own call
     breaks it), no sample sees another, and held-out answers are generated through SDPA as in every other variant.
