@@ -12,7 +12,7 @@ import random
 import sys
 
 from dsnb.bench import bench_configs
-from dsnb.data import build_dataset, fill_rows, first_fit, packed_rows
+from dsnb.data import build_dataset, fill_rows, best_fit, packed_rows
 from dsnb.model import load_tokenizer
 
 
@@ -24,7 +24,7 @@ def main(shuffles: int = 60) -> None:
     counts: collections.Counter = collections.Counter()
     for seed in range(shuffles):
         random.Random(seed).shuffle(lengths)
-        counts.update(packed_rows(first_fit(lengths[i:i + 256], cfg.max_length)[1])
+        counts.update(packed_rows(best_fit(lengths[i:i + 256], cfg.max_length)[1])
                       for i in range(0, len(lengths), 256))
     batches = sum(counts.values())
     real = sum(lengths) * shuffles / (sum(rows * n for rows, n in counts.items()) * cfg.max_length)

@@ -253,7 +253,7 @@ class PackedCollator:
         self.pad_id, self.row_length = pad_id, row_length
 
     def __call__(self, features: list[dict]) -> dict:
-        order, placed = first_fit([len(f["input_ids"]) for f in features], self.row_length)
+        order, placed = best_fit([len(f["input_ids"]) for f in features], self.row_length)
         rows: list[tuple[list, list, list]] = [([], [], []) for _ in range(packed_rows(placed))]
         for i in order:
             sample, (ids, labels, positions) = list(features[i]["input_ids"]), rows[placed[i]]
@@ -283,21 +283,14 @@ def fill_rows(samples, row_length: int):
     samples than packed's fixed count would fill). A datasets.Dataset of rows: input ids, labels (each sample's first
     token -100, as in PackedCollator), position ids restarting at each sample, and an attention mask of ones (the
     real tokens; the collator pads the tails and drops it)."""
-    import bisect
-
     import datasets
 
     plain = samples.select_columns(["input_ids", "labels", "attention_mask"]).to_dict()  # lists: fast to index
     lengths = [sum(mask) for mask in plain["attention_mask"]]
-    members: list[list[int]] = []
-    rooms: list[tuple[int, int]] = []  # (tokens left, row), sorted: the first with room enough fits best
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        at = bisect.bisect_left(rooms, (lengths[i], -1))
-        room, row = rooms.pop(at) if at < len(rooms) else (row_length, len(members))
-        if row == len(members):
-            members.append([])
-        members[row].append(i)
-        bisect.insort(rooms, (room - lengths[i], row))
+    order, placed = best_fit(lengths, row_length)
+    members: list[list[int]] = [[] for _ in range(max(placed, default=-1) + 1)]
+    for i in order:
+        members[placed[i]].append(i)
     ids, labels = plain["input_ids"], plain["labels"]
     columns: dict[str, list] = {"input_ids": [], "labels": [], "position_ids": [], "attention_mask": []}
     for row in members:
@@ -320,23 +313,25 @@ class FilledCollator:
         return padded_rows(rows + [([], [], [])] * (self.rows - len(rows)), self.pad_id, self.row_length)
 
 
-def first_fit(lengths: list[int], row_length: int) -> tuple[list[int], list[int]]:
-    """First fit, longest first: (samples in placing order, each sample's row). The fewest rows, so the
-    row count barely varies between batches."""
+def best_fit(lengths: list[int], row_length: int) -> tuple[list[int], list[int]]:
+    """Best fit, longest first: (samples in placing order, each sample's row), each sample in the row with the least
+    room that holds it. Few rows, so a packed batch's row count barely varies and filled rows come out nearly full;
+    a sorted list of rooms keeps it fast over a whole data set (fill_rows)."""
+    import bisect
+
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    used: list[int] = []
-    placed = [0] * len(lengths)
+    rooms: list[tuple[int, int]] = []  # (tokens left, row), sorted: the first with room enough fits best
+    placed, rows = [0] * len(lengths), 0
     for i in order:
-        row = next((r for r, n in enumerate(used) if n + lengths[i] <= row_length), len(used))
-        if row == len(used):
-            used.append(0)
-        used[row] += lengths[i]
-        placed[i] = row
+        at = bisect.bisect_left(rooms, (lengths[i], -1))
+        room, placed[i] = rooms.pop(at) if at < len(rooms) else (row_length, rows)
+        rows += placed[i] == rows
+        bisect.insort(rooms, (room - lengths[i], placed[i]))
     return order, placed
 
 
 def packed_rows(placed: list[int]) -> int:
-    """Rows a packed batch takes, given first_fit's row of each sample: padding rows included."""
+    """Rows a packed batch takes, given best_fit's row of each sample: padding rows included."""
     rows = max(placed, default=-1) + 1
     return rows + (-rows % PACK_ROWS)
 

@@ -190,7 +190,7 @@ def largest_weight(config) -> int:
 
 def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
     """The largest micro-batch in tokens: padded rows, or the longest real rows (rounded as collated)."""
-    from .data import BUCKET, first_fit, packed_rows
+    from .data import BUCKET, best_fit, packed_rows
 
     if cfg.padding in ("max_length", "filled"):  # filled: batch_size rows of max_length tokens
         return cfg.batch_size * cfg.max_length
@@ -202,7 +202,7 @@ def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
         rows = 0
         for seed in range(PACK_SHUFFLES):
             random.Random(seed).shuffle(lengths)
-            rows = max(rows, *(packed_rows(first_fit(lengths[i:i + cfg.batch_size], cfg.max_length)[1])
+            rows = max(rows, *(packed_rows(best_fit(lengths[i:i + cfg.batch_size], cfg.max_length)[1])
                                for i in range(0, len(lengths), cfg.batch_size)))
         return rows * cfg.max_length
     return cfg.batch_size * longest

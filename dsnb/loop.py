@@ -96,9 +96,7 @@ def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
         raise
     runtime = time.perf_counter() - start
     trainer.state.global_step = max_steps
-    samples, _ = timer.batches.totals(timer.consumed)
     return {"train_runtime": runtime, "train_loss": total_loss.item() / max_steps,
-            "train_samples_per_second": samples * stepper.world / runtime,
             "train_steps_per_second": max_steps / runtime, "epoch": max_steps / per_epoch,
             **({"zero_flat_step": float(stepper.flat)} if isinstance(stepper, DeepSpeedStep) else {})}
 
@@ -129,7 +127,7 @@ class PlainStep:
     def __init__(self, trainer, cfg, max_steps: int):
         import torch
 
-        self.trainer, self.cfg, self.world = trainer, cfg, 1
+        self.trainer, self.cfg = trainer, cfg
         model = trainer.model
         self.device = next(model.parameters()).device
         trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
@@ -190,7 +188,6 @@ class DeepSpeedStep:
             torch._dynamo.config.force_parameter_static_shapes = False
         self.engine = prepare_engine(trainer, max_steps)
         self.device = self.engine.device
-        self.world = self.engine.world_size
         cuda = torch.device(self.device).type == "cuda"
         self.flat = flat_zero_step(self.engine)
         # DeepCompile's backend is a function of its own, which takes no torch.compile mode (and so no CUDA graphs).

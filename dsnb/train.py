@@ -354,10 +354,10 @@ def fit(s: Session, checkpoint: str | None) -> dict:
                                  callback.curve or (lambda step, logs: None), callback.begin)
         else:
             raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
-            # The Trainer counts steps x batch_size x grad_accum, which are rows with padding filled: count the
-            # samples the loop consumed instead, as the compiled loop does (a short last batch counts short).
-            samples, _ = s.timer.batches.totals(s.timer.consumed)
-            raw["train_samples_per_second"] = samples * s.world / raw["train_runtime"]
+        # Samples the loop consumed, in either loop (the Trainer's own figure counts steps x batch_size x grad_accum:
+        # rows with padding filled, and a short last batch as a full one).
+        samples, _ = s.timer.batches.totals(s.timer.consumed)
+        raw["train_samples_per_second"] = samples * s.world / raw["train_runtime"]
         before = s.quality.scores.get("before", {}).get("seconds", 0.0)
         if before:  # the Trainer's clock ran through the "before" answers: take them out of its numbers
             scale = raw["train_runtime"] / (raw["train_runtime"] - before)

@@ -91,7 +91,7 @@ def test_filled_rows_hold_each_sample_once_nearly_full_and_give_the_padded_batch
     batches of the same samples; one batch shape (padding rows fill a short batch); the padded batch's loss."""
     import torch
 
-    from dsnb.data import BatchLog, fill_rows, first_fit, packed_rows
+    from dsnb.data import BatchLog, fill_rows, best_fit, packed_rows
     from dsnb.model import load_model
 
     padded_cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, padding="longest", num_samples=48))
@@ -105,7 +105,7 @@ def test_filled_rows_hold_each_sample_once_nearly_full_and_give_the_padded_batch
         split += [row[a:b] for a, b in zip(starts, starts[1:], strict=False)]
     assert sorted(split) == sorted(ids)
     lengths = [len(x) for x in ids]
-    packed = sum(packed_rows(first_fit(lengths[i:i + 16], 128)[1]) for i in range(0, 48, 16))
+    packed = sum(packed_rows(best_fit(lengths[i:i + 16], 128)[1]) for i in range(0, 48, 16))
     assert len(rows) < packed  # fuller rows: the same samples in fewer of them
     assert sum(lengths) / (128 * len(rows)) > 0.85
 
