@@ -11,7 +11,7 @@ of the rounds' median step times:
 - no DeepSpeed: backward, clipping, fused AdamW (dsnb's compiled step without DeepSpeed, uncompiled here);
 - ZeRO-2 as dsnb builds it on one GPU (`dsnb/zero.py`: bf16, no overflow check, no overlap_comm), DeepSpeed's
   throughput timer on (its default) and off (dsnb's configs), with DeepSpeed's own step;
-- the same with dsnb's flat step (`dsnb/loop.py::flat_zero_step`), as compiled runs take it.
+- the same with dsnb's flat step (`dsnb/flat_step.py::take_over`), as compiled runs take it.
 """
 import statistics
 import sys
@@ -57,7 +57,7 @@ def zero2(timer: bool, flat: bool):
     """One step of a ZeRO-2 engine configured as dsnb builds it on one GPU in bf16."""
     import deepspeed
 
-    from dsnb.loop import flat_zero_step
+    from dsnb.flat_step import take_over
 
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
               "bf16": {"enabled": True, "check_grad_overflow": False}, "steps_per_print": 10**6,
@@ -66,7 +66,7 @@ def zero2(timer: bool, flat: bool):
     m = model()
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3, fused=True)
     e, *_ = deepspeed.initialize(model=m, optimizer=opt, config=config)
-    if flat and not flat_zero_step(e):
+    if flat and not take_over(e):
         sys.exit("dsnb's flat step did not take this engine over")
 
     def step(x):

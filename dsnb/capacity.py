@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .config import ConfigError, RunConfig, read_yaml
 from .launch import run_all
+from .preflight import check_output_folder
 from .tracking import RunResult, mlflow_client
 
 KEYS = {"models", "budgets_gb", "base", "variants", "skip"}
@@ -211,6 +212,8 @@ def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dic
     budgets, cells = load_capacity(path, offline, overrides, only)
     if not cells:
         raise ConfigError(f"{path}: --only {only!r} leaves no cell to run (the file's skip list may hold them)")
+    if out_dir:
+        check_output_folder(out_dir, "--out")
     outputs = {ext: os.path.join(out_dir, f"capacity.{ext}") for ext in ("md", "csv", "png")} if out_dir else {}
     taken = [p for p in outputs.values() if os.path.exists(p)]
     if taken:

@@ -18,8 +18,8 @@ import os
 import signal
 import sys
 
-from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, field_docs, field_names,
-                     offline_requested, read_yaml)
+from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, describe, field_docs,
+                     field_names, offline_requested, read_fields)
 
 
 class Parser(argparse.ArgumentParser):
@@ -52,7 +52,7 @@ def config_parser() -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace) -> RunConfig:
     """Defaults < offline default < YAML file < flags (RunConfig.layered)."""
     flags = {k: v for k, v in vars(args).items() if k in field_names() or k in RENAMED}
-    return RunConfig.layered(read_yaml(args.file) if args.file else {}, flags,
+    return RunConfig.layered(read_fields(args.file) if args.file else {}, flags,
                              offline=args.offline or offline_requested())
 
 
@@ -159,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dsnb: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("dsnb: interrupted; the running variant was stopped and recorded KILLED", file=sys.stderr)
+        from .tracking import STOPPED
+
+        if STOPPED:
+            print(f"dsnb: interrupted; the running variant was stopped and its run {', '.join(STOPPED)} recorded "
+                  "KILLED with what it measured", file=sys.stderr)
+        else:
+            print("dsnb: interrupted before any variant started training; no run was recorded", file=sys.stderr)
         return 130
 
 
@@ -237,20 +243,14 @@ def cmd_sweep(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import VARIANTS, markdown, run_bench
+    from .preflight import check_output_folder
 
     only = [n for n in args.only.split(",") if n]
     unknown = [n for n in only if n not in VARIANTS]
     if unknown:
         raise ConfigError(f"--only {unknown[0]} is not a bench variant; use {', '.join(VARIANTS)}")
-    baseline = None
-    if args.baseline:  # read before the run, which may write the same file
-        import json
-
-        if not os.path.isfile(args.baseline):
-            raise ConfigError(f"--baseline {args.baseline} does not exist; give a bench JSON such as "
-                              "benchmarks/results/cpu.json")
-        with open(args.baseline) as f:
-            baseline = json.load(f)
+    check_output_folder(args.out, "--out")
+    baseline = read_baseline(args.baseline) if args.baseline else None  # before the run, which may write that file
     result = run_bench(args.offline or offline_requested(), args.repeats, args.untimed, args.steps, only or None,
                        args.out, args.tracking_uri, args.gpus)
     print(markdown(result))
@@ -261,6 +261,24 @@ def cmd_bench(args) -> int:
         print("\n".join(f"REGRESSION {p}" for p in problems) or f"no regression against {args.baseline}")
         return 1 if problems else 0
     return 0 if all(r["finished"] == r["repeats"] for r in result["variants"]) else 1
+
+
+def read_baseline(path: str) -> dict:
+    """A bench result JSON that --baseline compares against, or a ConfigError saying what is wrong with it."""
+    import json
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--baseline {path} does not exist; give a bench JSON such as benchmarks/results/cpu.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            baseline = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # not JSON, or not text at all
+        raise ConfigError(f"--baseline {path} is not a bench result's JSON ({describe(e)})") from None
+    rows = baseline.get("variants") if isinstance(baseline, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "name" in r for r in rows):
+        raise ConfigError(f"--baseline {path} holds no bench variants (a JSON object with a variants list, as "
+                          "python -m dsnb bench writes)")
+    return baseline
 
 
 def cmd_capacity(args) -> int:
@@ -276,14 +294,18 @@ def cmd_capacity(args) -> int:
 
 
 def cmd_save(args) -> int:
+    from .preflight import check_output_folder
     from .publish import check_push, push_to_hub, save_model
-    from .tracking import RunResult
+    from .tracking import RunResult, existing_store
 
     token = args.token or os.environ.get("HF_TOKEN", "")
+    check_output_folder(args.output, "-o", empty=True)  # everything the command needs, before anything is written
     if args.push_to:
-        check_push(args.push_to, token)  # before anything is written
+        check_push(args.push_to, token)
     try:
-        result = RunResult.read(args.tracking_uri, args.run_id)
+        result = RunResult.read(existing_store(args.tracking_uri), args.run_id)
+    except ConfigError:
+        raise
     except Exception as e:
         raise ConfigError(f"run {args.run_id} is not in {args.tracking_uri} ({e.__class__.__name__})") from None
     folder = save_model(result, args.output, args.merge)
@@ -301,13 +323,11 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .tracking import export_store, ui_command
+    from .tracking import export_store
 
-    try:
-        path = export_store(args.tracking_uri, args.output)
-    except (FileNotFoundError, FileExistsError) as e:
-        raise ConfigError(str(e)) from None
-    print(f"wrote {path}; unzip it and run `{ui_command('sqlite:///mlflow.db')}` in that folder")
+    path = export_store(args.tracking_uri, args.output)
+    print(f"wrote {path}; unzip it and run `mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1` in "
+          "that folder")
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass
 
@@ -33,6 +34,13 @@ PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets"
 OFFLINE = dict(model="synthetic:tiny", dataset="synthetic", num_samples=64, dtype="fp32",
                max_length=128, max_steps=8, logging_steps=2)
 OFFLINE_ENV = "DSNB_OFFLINE"  # DSNB_OFFLINE=1 applies OFFLINE under any explicit setting
+# The environment variables dsnb reads (none changes what is trained or measured: those are fields), and the ones it
+# no longer reads, refused with the field that replaced them rather than ignored.
+ENVIRONMENT = {OFFLINE_ENV: "the offline default, as --offline",
+               "DSNB_SOURCE": "where a notebook's setup cell installs dsnb from",
+               "DSNB_CACHE": "the synthetic models' folder", "DSNB_SWEEP_RUN_ID": "set by dsnb's sweeps"}
+RETIRED_ENV = {"DSNB_CUDAGRAPHS": "cuda_graphs", "DSNB_FLAT_STEP": "zero_flat_step", "DSNB_DEEPCOMPILE": "deepcompile",
+               "DSNB_LOSS_SCALE": "loss_scale", "DSNB_PROFILE": "profile"}
 # Fields that were renamed: the old name is refused with a message naming the new one.
 RENAMED = {
     "warmup_steps": "warmup_steps is now untimed_steps (steps left out of the throughput); "
@@ -44,7 +52,23 @@ SEED_MAX = 2**32 - 1  # numpy's seed range, which transformers' set_seed goes th
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the field and what to change."""
+    """A configuration that cannot run; the message names the field and what to change (credentials in a URI masked).
+
+    A notebook shows it as its one line (IPython asks an exception for _render_traceback_), not as a traceback."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(str(message)))
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"dsnb: error: {self}"]
+
+
+CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+
+
+def redact(text: str) -> str:
+    """text with the user and password of every URI in it masked (http://user:TOKEN@host -> http://***@host)."""
+    return CREDENTIALS.sub(lambda m: m.group("scheme") + "***@", text)
 
 
 @dataclass
@@ -102,6 +126,20 @@ class RunConfig:
     """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step, with or
     without DeepSpeed (its engine compiled); needs quantization none and padding bucket, packed, filled or
     max_length."""
+    cuda_graphs: bool = True
+    """Compiled steps on a GPU replay as CUDA graphs where that is safe (see dsnb/loop.py); false compiles them without
+    (to compare, or to rule graphs out). Needs torch_compile true."""
+    zero_flat_step: bool = True
+    """dsnb's flat ZeRO-1/2 step where it applies (compiled, one process, bf16, no offload): DeepSpeed's updates without
+    its per-gradient hooks and host reads (dsnb/flat_step.py); false keeps DeepSpeed's own step. Needs torch_compile
+    true and strategy zero1 or zero2."""
+    deepcompile: bool = False
+    """DeepSpeed's DeepCompile compiles the ZeRO engine (its passes put ZeRO's fetches and reductions in the graph);
+    needs torch_compile true, a zero strategy, a CUDA GPU and offload_param none."""
+    loss_scale: bool = False
+    """The fp16 loss scaler (torch's GradScaler) also on an fp32 or bf16 compiled run without DeepSpeed, to check the
+    fp16 path's math where fp16 cannot run (the CPU); fp16 always scales. Needs torch_compile true and strategy
+    baseline."""
     attention: str = "sdpa"
     """sdpa (PyTorch's scaled-dot-product attention) | flex: flex attention, whose block mask skips the blocks of
     packed rows where no sample meets another (needs padding packed or filled, torch_compile true, strategy baseline
@@ -121,9 +159,16 @@ class RunConfig:
     """Optimizer steps between loss records."""
     checkpoint_steps: int = 0
     """Save a checkpoint (weights, optimizer, DeepSpeed engine, data position) every N steps for --resume; 0 means
-    none."""
+    none (checkpoint_minutes still applies)."""
+    checkpoint_minutes: float = 10.0
+    """Also save a checkpoint after every N minutes of training, so a run stopped part way (a Colab disconnect) can
+    resume; runs shorter than that keep none; 0 turns it off. The HF Trainer's loop only (dsnb's compiled loop keeps no
+    checkpoints); the time saving takes is left out of the throughput."""
     untimed_steps: int = 1
     """First optimizer steps left out of the steady-state throughput (they pay for start-up and compiling)."""
+    profile: str = ""
+    """A file the compiled loop writes its last untimed step's profile to (top kernels, host against GPU time), logged
+    with the run; empty for none. Needs torch_compile true."""
     memory_budget_gb: float = 0.0
     """Cap on this run's GPU memory in GB (15 for a T4, 22 for an L4); 0 means the whole GPU."""
     ram_budget_gb: float = 0.0
@@ -139,8 +184,12 @@ class RunConfig:
     spread; 0 means 3 where runs are short (max_steps of 100 or fewer), else 1."""
     seed: int = 42
     """Seed for model init, data order and dropout."""
+    results_folder: str = ""
+    """A folder that holds the MLflow store and the runs' checkpoints and models (tracking_uri and output_dir inside it,
+    unless set): on Colab, a Google Drive folder such as /content/drive/MyDrive/dsnb (mounted by the first dsnb cell),
+    so that a disconnect loses nothing and running the notebook again resumes; empty keeps both where they are."""
     tracking_uri: str = "sqlite:///mlflow.db"
-    """MLflow store; the default is a SQLite file in the working directory."""
+    """MLflow store; the default is a SQLite file in the working directory (or in results_folder)."""
     experiment: str = "DeepSpeed_Comparison"
     """MLflow experiment name."""
     run_name: str = ""
@@ -148,7 +197,8 @@ class RunConfig:
     save_model: bool = True
     """Save the trained adapter (or model) and log it to MLflow; off for benchmarks."""
     output_dir: str = "runs"
-    """Where each run's trained adapter/model is saved, in a folder named by its MLflow run id."""
+    """Where each run's checkpoints and trained adapter/model are kept until logged, in a folder named by its MLflow run
+    id (in results_folder, unless set)."""
 
     def __post_init__(self):
         self._coerce_types()
@@ -196,6 +246,8 @@ class RunConfig:
             fail("learning_rate" if self.learning_rate <= 0 else "epochs", "must be positive")
         if not 0 <= self.lora_dropout < 1:
             fail("lora_dropout", f"is {self.lora_dropout}; use a value in [0, 1)")
+        if self.checkpoint_minutes < 0:
+            fail("checkpoint_minutes", f"is {self.checkpoint_minutes}; use 0 (none) or a number of minutes")
 
     def _check_texts(self):
         for name, hint in (("model", "a hub id, a local directory or synthetic:tiny"),
@@ -209,8 +261,10 @@ class RunConfig:
                                                           for t in targets):
             fail("lora_targets", f"is {self.lora_targets!r}; give comma-separated module names such as "
                                  "q_proj,v_proj, or all-linear")
-        if len(self.run_name) > 250 or any(not c.isprintable() for c in self.run_name):
-            fail("run_name", "must be at most 250 printable characters (MLflow's limit)")
+        for name in ("run_name", "experiment"):
+            value = getattr(self, name)
+            if len(value) > 250 or any(not c.isprintable() for c in value):
+                fail(name, f"must be at most 250 printable characters (MLflow's limit; it has {len(value)})")
 
     def _check_combination(self):
         """Reject what DeepSpeed cannot do, or silently does differently, before any model loads."""
@@ -232,6 +286,7 @@ class RunConfig:
             fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
         if self.torch_compile:
             self._check_compile()
+        self._check_compiled_only()
         if self.attention == "flex":
             self._check_flex()
         if self.quantization != "none" and self.lora_r == 0:
@@ -245,6 +300,20 @@ class RunConfig:
         if self.zero_stage is not None:
             fail("attention", "flex has been measured without DeepSpeed only; set strategy baseline or attention "
                               "sdpa")
+
+    def _check_compiled_only(self):
+        """The switches of dsnb's compiled loop, each set away from its default only where it applies."""
+        stage = self.zero_stage
+        for name, applies, needs in (
+                ("cuda_graphs", self.torch_compile, "torch_compile true"),
+                ("zero_flat_step", self.torch_compile and stage in (1, 2), "torch_compile true and strategy zero1 or "
+                                                                           "zero2"),
+                ("deepcompile", self.torch_compile and stage is not None, "torch_compile true and a zero strategy"),
+                ("loss_scale", self.torch_compile and stage is None, "torch_compile true and strategy baseline"),
+                ("profile", self.torch_compile, "torch_compile true")):
+            if getattr(self, name) != RunConfig.__dataclass_fields__[name].default and not applies:
+                fail(name, f"is {getattr(self, name)!r} but applies only with {needs}; change those or leave {name} "
+                           "at its default")
 
     def _check_compile(self):
         fixed = ("bucket", "packed", "filled", "max_length")
@@ -296,6 +365,10 @@ class RunConfig:
             parts.append("compiled")
         if self.attention != "sdpa":
             parts.append(self.attention)
+        for name, part in (("cuda_graphs", "nographs"), ("zero_flat_step", "dsstep"), ("deepcompile", "deepcompile"),
+                           ("loss_scale", "lossscale")):
+            if getattr(self, name) != RunConfig.__dataclass_fields__[name].default:
+                parts.append(part)
         return "_".join(parts)
 
     def to_dict(self) -> dict:
@@ -319,7 +392,12 @@ class RunConfig:
             merged.update(layer)
         values = dict(OFFLINE) if offline else {}
         values.update(preset_fields(merged.get("preset", "")))
-        return cls(**{**values, **merged})
+        values = {**values, **merged}
+        folder = values.get("results_folder")
+        if folder and isinstance(folder, str):  # the store and the runs' folders inside it, unless set
+            values.setdefault("tracking_uri", f"sqlite:///{os.path.join(folder, 'mlflow.db')}")
+            values.setdefault("output_dir", os.path.join(folder, "runs"))
+        return cls(**values)
 
     @classmethod
     def from_dict(cls, values: dict) -> "RunConfig":
@@ -329,7 +407,7 @@ class RunConfig:
     @classmethod
     def from_yaml(cls, path: str, **overrides) -> "RunConfig":
         """Build from a YAML file of field: value pairs, then apply overrides."""
-        return cls.layered(read_yaml(path), overrides)
+        return cls.layered(read_fields(path), overrides)
 
 
 def coerce(name: str, value, kind):
@@ -381,22 +459,52 @@ def check_names(values: dict) -> None:
             raise ConfigError(RENAMED[key])
     unknown = sorted(set(values) - set(field_names()), key=str)
     if unknown:
-        fail(str(unknown[0]), f"is not a run-config field; known fields: {', '.join(field_names())}")
+        import difflib
+
+        close = difflib.get_close_matches(str(unknown[0]), field_names(), n=3)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        fail(str(unknown[0]), f"is not a run-config field; {hint}(python -m dsnb run --help lists every field)")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error (plain YAML keeps the last, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def read_yaml(path: str) -> dict:
-    """Read a YAML mapping, with a clear error for a missing, unreadable or malformed file."""
+    """Read a YAML mapping, with a clear error for a missing, unreadable or malformed file, a key given twice, or a
+    file that holds something other than field: value pairs (an empty file is an empty mapping)."""
     if not os.path.isfile(path):
         raise ConfigError(f"file {path!r} does not exist; give the path to a YAML file")
     try:
         with open(path, encoding="utf-8") as f:
-            values = yaml.safe_load(f) or {}
+            values = yaml.load(f, Loader=StrictLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {describe(e)}") from None
     except (UnicodeDecodeError, OSError) as e:
         raise ConfigError(f"{path} could not be read as UTF-8 text ({describe(e)})") from None
+    if values is None:
+        return {}
     if not isinstance(values, dict):
-        raise ConfigError(f"{path} must hold field: value pairs, not a {type(values).__name__}")
+        raise ConfigError(f"{path} must hold field: value pairs, not {type(values).__name__} {values!r:.40}")
+    return values
+
+
+def read_fields(path: str) -> dict:
+    """A YAML file of run-config fields; an unknown or renamed field's error names the file."""
+    values = read_yaml(path)
+    try:
+        check_names(values)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     return values
 
 
@@ -418,13 +526,30 @@ def field_docs() -> dict[str, str]:
 
 
 def offline_requested() -> bool:
-    return os.environ.get(OFFLINE_ENV, "").lower() in ("1", "true", "yes")
+    """DSNB_OFFLINE as a switch: 1/true/yes or 0/false/no (or unset); any other value is an error, not a default."""
+    value = os.environ.get(OFFLINE_ENV, "").strip().lower()
+    if value not in ("", "1", "true", "yes", "0", "false", "no"):
+        raise ConfigError(f"{OFFLINE_ENV} is {os.environ[OFFLINE_ENV]!r}; set it to 1 (the offline default) or 0, or "
+                          "unset it")
+    return value in ("1", "true", "yes")
+
+
+def check_environment() -> None:
+    """Every DSNB_* variable set is one dsnb reads: an old switch names the field that replaced it, a misspelt one is
+    named, neither is ignored."""
+    for name in sorted(k for k in os.environ if k.startswith("DSNB_")):
+        if name in RETIRED_ENV:
+            raise ConfigError(f"{name} is no longer read: set the run-config field {RETIRED_ENV[name]} instead "
+                              f"(--{RETIRED_ENV[name]}, a notebook parameter or a YAML key), and unset {name}")
+        if name not in ENVIRONMENT:
+            raise ConfigError(f"{name} is not a variable dsnb reads ({', '.join(ENVIRONMENT)}); unset it")
+    offline_requested()
 
 
 def describe(error: BaseException, limit: int = 200) -> str:
-    """An exception's type and first line, for one-line messages."""
+    """An exception's type and first line, for one-line messages (credentials in a URI masked)."""
     lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__
+    return redact(f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__)
 
 
 def fail(name: str, message: str):

@@ -1,8 +1,9 @@
 """Peak memory (GPU and host RAM) estimated before a run loads anything, logged beside what the run measures.
 
     config = model_config(cfg.model)                                   # no weight loaded
-    est = estimate_memory(cfg, config, trainable_params(cfg, config), tokens_per_micro_batch(cfg, data), world)
-    est["est_peak_gpu_mb"], est["est_peak_host_mb"]
+    est = estimate_memory(cfg, config, trainable_params(cfg, config), tokens_per_micro_batch(cfg, data), world,
+                          row_length(cfg, data), on_gpu=True)
+    est["est_peak_gpu_mb"], est["est_peak_host_mb"]        # on_gpu False: the host holds what the GPU would
 
 Unlike DeepSpeed's estimators this knows that LoRA trains only the adapters, that 8-bit and 4-bit weights
 are stored in 1 and ~0.5 bytes, and that activations and the 128k-vocab logits often dominate. The
@@ -63,10 +64,13 @@ OFFLOADED_PARAM_FACTOR = 1.5  # host bytes per byte of weights ZeRO-3 keeps in C
 SUB_GROUP = 1e9  # elements: DeepSpeed's ZeRO-3 sub_group_size default
 REDUCE_BUCKET = 5e8  # elements: DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
 BUCKET_BYTES = 2 * REDUCE_BUCKET * 2  # ZeRO-1/2's reduce and allgather buckets, half precision
+MASK_BYTES = 10  # per element of a row's length x length attention mask (measured 9 on the CPU: synthetic:tiny, fp32)
 
 
 def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_batch: int,
-                    world_size: int = 1) -> dict:
+                    world_size: int = 1, row_length: int = 0, on_gpu: bool = True) -> dict:
+    """The terms above for one process; row_length: the longest row's tokens (its attention mask grows with its
+    square); on_gpu False: a CPU-only run, whose host RAM holds everything the GPU estimate counts too."""
     h, layers, inter, vocab = config.hidden_size, config.num_hidden_layers, config.intermediate_size, config.vocab_size
     full = cfg.lora_r == 0
     act_bytes = 4 if cfg.dtype == "fp32" else 2  # one element of an activation (the compute dtype)
@@ -100,12 +104,15 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
 
     per_token_layer = (8 * h + 4 * inter) * act_bytes + ((5 * h + inter) * 2 if cfg.quantization == "8bit" else 0)
     logits = vocab * 2 * act_bytes if cfg.torch_compile else vocab * (act_bytes + 8)
-    activations = tokens_per_micro_batch * (layers * per_token_layer + logits)
+    # The attention mask of a padded (or packed) row is rows x length x length: nothing at 512 tokens, the whole machine
+    # at 100,000 (measured on the CPU: 9 bytes per element of it, fp32, SDPA).
+    activations = tokens_per_micro_batch * (layers * per_token_layer + logits + MASK_BYTES * row_length)
     gpu = gpu_weights + gpu_grads + gpu_opt + activations
     if stage in (1, 2):  # at start, ZeRO-1/2 copies the trainable weights into one flat buffer while they still exist
         gpu = max(gpu, weights + trainable * trainable_bytes)
     cpu = cpu_weights + cpu_opt
-    return {"est_peak_gpu_mb": gpu / MB, "est_peak_host_mb": host_ram_mb(cfg, config, trainable, world_size),
+    host = host_ram_mb(cfg, config, trainable, world_size) + (0 if on_gpu else gpu / MB)
+    return {"est_peak_gpu_mb": gpu / MB, "est_peak_host_mb": host,
             "est_peak_cpu_offload_mb": cpu / MB,
             "est_weights_mb": gpu_weights / MB,
             "est_grads_mb": gpu_grads / MB, "est_optimizer_mb": gpu_opt / MB, "est_optimizer_states_mb": states / MB,
@@ -160,6 +167,16 @@ def host_ram_mb(cfg: RunConfig, config, trainable: int, world_size: int = 1, map
     return host / MB
 
 
+def disk_mb(cfg: RunConfig, config, trainable: int) -> tuple[float, float]:
+    """(MB the run writes under output_dir at its peak, MB its model takes in the store's artifacts): the saved adapter
+    (fp32) or model (its dtype); a checkpoint also holds the optimizer's state (DeepSpeed's fp32 master and moments:
+    12 bytes a trained weight, which covers torch AdamW's 8), and two exist while a new one is written."""
+    weights, load_bytes = weight_bytes(cfg, config, trainable)
+    model = trainable * 4 if cfg.lora_r else total_params(config) * load_bytes
+    checkpoint = model + 12 * trainable if cfg.checkpoint_steps or cfg.checkpoint_minutes else 0
+    return (max(2 * checkpoint, model) + 50 * MB) / MB, (model + 50 * MB) / MB
+
+
 def stored_bytes(config) -> int:
     """Bytes per parameter in the model's files (its config's dtype; 2 where it names none)."""
     dtype = str(getattr(config, "dtype", None) or "bfloat16")
@@ -186,6 +203,16 @@ def trainable_params(cfg: RunConfig, config) -> int:
 def largest_weight(config) -> int:
     """Elements in a Llama-like model's largest weight: the embedding (or output layer) or an MLP matrix."""
     return max(config.vocab_size, config.intermediate_size) * config.hidden_size
+
+
+def row_length(cfg: RunConfig, dataset) -> int:
+    """The longest row a micro-batch holds, in tokens (as collated)."""
+    from .data import BUCKET
+
+    if cfg.padding in ("max_length", "filled", "packed"):
+        return cfg.max_length
+    longest = max(sum(mask) for mask in dataset["attention_mask"])
+    return math.ceil(longest / BUCKET) * BUCKET if cfg.padding == "bucket" else longest
 
 
 def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:

@@ -1,11 +1,11 @@
 """dsnb's own training loop for `torch_compile=True`: the Trainer's data, loss, optimizer and schedule, a compiled step.
 
     metrics = train_compiled(trainer, cfg, timer, on_step, on_log)    # instead of trainer.train()
-    DSNB_PROFILE=step.txt python -m dsnb run ... --torch_compile true # also profile the last untimed step
-    DSNB_LOSS_SCALE=1 ...                                             # the fp16 loss scaler on an fp32 run (its math)
-    DSNB_CUDAGRAPHS=0 ...                                             # compiled, but no CUDA graphs on a GPU
-    DSNB_DEEPCOMPILE=1 ... --strategy zero3                           # DeepSpeed's DeepCompile compiles ZeRO (GPU)
-    DSNB_FLAT_STEP=0 ... --strategy zero2                             # DeepSpeed's own ZeRO-1/2 step (flat_zero_step)
+    python -m dsnb run ... --torch_compile true --profile step.txt    # also profile the last untimed step
+    ... --loss_scale true                                             # the fp16 loss scaler on an fp32 run (its math)
+    ... --cuda_graphs false                                           # compiled, but no CUDA graphs on a GPU
+    ... --strategy zero3 --deepcompile true                           # DeepSpeed's DeepCompile compiles ZeRO (GPU)
+    ... --strategy zero2 --zero_flat_step false                       # DeepSpeed's own ZeRO-1/2 step (flat_step.py)
 
 Why: on a 3B LoRA step of 8 short samples the GPU's arithmetic takes ~5 ms, but the HF Trainer's step
 costs ~265 ms of Python and kernel launches (MISSION.md's profile). This loop takes the batches, the loss
@@ -18,8 +18,8 @@ Two ways to step:
   (torch.amp.GradScaler), so a T4 (no bf16) gets the compiled speed too;
 - ZeRO-0/1/2/3: the DeepSpeed engine the Trainer would build (its config, optimizer, offload and, for fp16,
   its loss scaler), with its module compiled in place by engine.compile().
-  On one GPU in bf16 at ZeRO-1/2, dsnb takes over the host side of DeepSpeed's step (flat_zero_step: the same
-  updates, without DeepSpeed's per-gradient hooks and host read; DSNB_FLAT_STEP=0 keeps DeepSpeed's own).
+  On one GPU in bf16 at ZeRO-1/2, dsnb takes over the host side of DeepSpeed's step (flat_step.take_over: the same
+  updates, without DeepSpeed's per-gradient hooks and host read; zero_flat_step false keeps DeepSpeed's own).
   At ZeRO-0/1/2 on a GPU the forward and backward replay as CUDA graphs, as without DeepSpeed, when accumulating
   only at ZeRO-2 with contiguous gradients and no weight over its bucket, or with the flat step (graphs_under_zero);
   ZeRO-3 fetches and releases parameters in hooks between graphs (compiled with dynamo's recompile limits raised
@@ -35,17 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 import warnings
 
+from .flat_step import take_over
+
 LOG_FLUSH = 32  # logged steps kept on the device before one host read sends them to MLflow
-PROFILE_ENV = "DSNB_PROFILE"  # a file path: where the last untimed step's profile (top kernels, host vs GPU) goes
-GRAPHS_ENV = "DSNB_CUDAGRAPHS"  # "0": compiled steps on a GPU without CUDA graphs (to compare, or to rule them out)
-LOSS_SCALE_ENV = "DSNB_LOSS_SCALE"  # "1": the loss scaler on an fp32 run, to check its math where fp16 cannot run
-FLAT_STEP_ENV = "DSNB_FLAT_STEP"  # "0": DeepSpeed's own ZeRO-1/2 step on one GPU, not dsnb's flat one (flat_zero_step)
-NORM_CHUNK = 1 << 26  # elements per fp64 temporary in the flat step's norm (512 MB at most)
-FLAT_STEP_DEEPSPEED = ("0.19.8",)  # the DeepSpeed versions whose ZeRO-1/2 internals FlatStep was checked against
 
 
 def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
@@ -66,7 +61,7 @@ def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
     total_loss = torch.zeros((), device=device)
     pending: list = []
     last_logged, loss_seen = 0, None
-    profile = os.environ.get(PROFILE_ENV)
+    profile = cfg.profile
     begin()
     timer.mark(0)
     start = time.perf_counter()
@@ -133,7 +128,7 @@ class PlainStep:
         trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
         self.optimizer, self.scheduler = trainer.optimizer, trainer.lr_scheduler
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.cuda = self.device.type == "cuda" and os.environ.get(GRAPHS_ENV) != "0"
+        self.cuda = self.device.type == "cuda" and cfg.cuda_graphs
         # Static shapes: each batch shape (few: bucket rounds lengths to 64 tokens, packed rounds row counts to
         # PACK_ROWS, filled has one) compiles once, and "reduce-overhead" replays it as CUDA graphs.
         self.forward = torch.compile(model, mode="reduce-overhead" if self.cuda else None, dynamic=False)
@@ -146,7 +141,7 @@ class PlainStep:
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype)
         self.autocast = torch.autocast(self.device.type, dtype=half or torch.float32, enabled=half is not None)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.dtype == "fp16" or
-                                           os.environ.get(LOSS_SCALE_ENV) == "1")
+                                           cfg.loss_scale)
         model.train()
 
     def step(self, micro: list, items, timer):
@@ -189,12 +184,13 @@ class DeepSpeedStep:
         self.engine = prepare_engine(trainer, max_steps)
         self.device = self.engine.device
         cuda = torch.device(self.device).type == "cuda"
-        self.flat = flat_zero_step(self.engine)
+        self.flat = cfg.zero_flat_step and take_over(self.engine)
         # DeepCompile's backend is a function of its own, which takes no torch.compile mode (and so no CUDA graphs).
         largest = max((p.numel() for p in self.engine.module.parameters() if p.requires_grad), default=0)
         copied = (self.flat and cfg.zero_stage == 2) or (
             self.engine.zero_contiguous_gradients() and largest <= self.engine.zero_reduce_bucket_size())
-        graphs = graphs_under_zero(cfg.zero_stage, cfg.grad_accum, copied) and not self.engine.is_deepcompile_enabled()
+        graphs = cfg.cuda_graphs and graphs_under_zero(cfg.zero_stage, cfg.grad_accum, copied) and \
+            not self.engine.is_deepcompile_enabled()
         mode = "reduce-overhead" if cuda and graphs else None
         self.engine.compile(compile_kwargs={"mode": mode, "dynamic": False} if mode else {"dynamic": False})
         self.cuda = mode is not None
@@ -235,107 +231,10 @@ def graphs_under_zero(stage: int, accum: int, copied: bool) -> bool:
     gradient as .grad and non-contiguous ZeRO-2 in a list of its own until the step, and ZeRO-2 keeps an oversized
     one as it is until its bucket is reduced, once seen past the backward (8B's embedding, 525M elements, exceeds
     the default 500M; module docstring; tests/test_train.py checks this against DeepSpeed). dsnb's flat ZeRO-2 step
-    copies every gradient out after each backward, before the next replay (flat_zero_step). DSNB_CUDAGRAPHS=0: never.
+    copies every gradient out after each backward, before the next replay (flat_step.take_over). cuda_graphs false
+    turns them off before this is asked.
     """
-    return os.environ.get(GRAPHS_ENV) != "0" and stage < 3 and (accum == 1 or (stage == 2 and copied))
-
-
-def flat_zero_step(engine) -> bool:
-    """On one process at ZeRO-1/2 in bf16 without offload, take over the host side of DeepSpeed's step
-    (DeepSpeed 0.19's DeepSpeedZeroOptimizer): its flat fp32 partition, optimizer, clipping rule and config stay, its
-    per-gradient work goes. DeepSpeed hooks each trained tensor (a copy into a bucket, then into a partition buffer),
-    takes one fp64 norm per gradient and reads the norm's validity back to the host to clip: for 3B LoRA's 112
-    tensors, a compiled step of 29-33 ms whose GPU work is 17 ms (benchmarks/results/zero_graphs_h200.md). FlatStep
-    makes the same updates with a few multi-tensor operations and no host read. fp16 and fp32 (DeepSpeed skips a step
-    whose norm is not finite, which needs the host read), several processes and offload keep DeepSpeed's step, as does
-    DSNB_FLAT_STEP=0, and so does a DeepSpeed version FlatStep was not checked against (it reads DeepSpeed's
-    internals), with a note. Under it DeepSpeed's own gradient lists stay empty (safe_get_full_grad returns None),
-    and gradients are taken in engine.backward (a bare loss.backward() would leave them in .grad): dsnb does neither.
-    Returns whether the step was taken over."""
-    import deepspeed
-
-    o = engine.optimizer
-    if os.environ.get(FLAT_STEP_ENV) == "0" or type(o).__name__ != "DeepSpeedZeroOptimizer" or \
-            not flat_step_fits(engine, o):
-        return False
-    if deepspeed.__version__ not in FLAT_STEP_DEEPSPEED:
-        print(f"dsnb: note: DeepSpeed {deepspeed.__version__} runs its own ZeRO step (dsnb's flat step is checked "
-              f"against {', '.join(FLAT_STEP_DEEPSPEED)} only)", flush=True)
-        return False
-    for hook in o._grad_acc_hooks:  # DeepSpeed's hook on each trained tensor's gradient
-        hook.remove()
-    o._grad_acc_hooks.clear()
-    flat = FlatStep(o)
-    o.overlapping_partition_gradients_reduce_epilogue = flat.take_grads  # ZeRO-2: after each backward
-    o.reduce_gradients = flat.take_grads  # ZeRO-1: after the step's last backward
-    o.step = flat.step
-    return True
-
-
-def flat_step_fits(engine, o) -> bool:
-    """The configuration FlatStep reproduces: one process, bf16 weights and gradients, loss scale 1, no overflow
-    check, clipping by norm, no offload, overlap, pre-division, MoE, Muon, ZenFlow or DeepCompile (which takes the
-    gradients itself)."""
-    import torch
-
-    return (engine.world_size == 1 and not engine.is_deepcompile_enabled() and o.dtype == torch.bfloat16
-            and o.gradient_accumulation_dtype == o.dtype and all(c == 1 for c in o.partition_count)
-            and not o.cpu_offload and not getattr(o, "zenflow", False) and not o.has_moe_layers
-            and o.loss_scale == 1.0 and not o.dynamic_loss_scale and not o.custom_loss_scaler
-            and o.torch_autocast_gradscaler is None and o.compute_grad_norm and not o.check_grad_overflow
-            and not o.overlap_comm and o.gradient_predivide_factor == 1.0
-            and not any(getattr(p, "use_muon", False) for g in o.bit16_groups for p in g))
-
-
-class FlatStep:
-    """DeepSpeed's one-process ZeRO-1/2 step on its own optimizer's state: the gradients go into one flat buffer per
-    parameter group, in DeepSpeed's layout, with one multi-tensor copy (or add, accumulating) after a backward; the norm
-    is one fp64 reduction over it (DeepSpeed: an fp64 norm per tensor, summed, then fp32), and DeepSpeed's clip factor
-    is applied as a tensor, never read back (an inf/NaN norm clips with inf in both). DeepSpeed's arithmetic but for
-    the order of the norm's fp64 sum, which rounds to the same fp32 norm (tests/test_train.py finds the updates equal
-    bit for bit on the CPU). The buffer lives from a step's first backward to its optimizer step, as DeepSpeed's
-    partition buffer does."""
-
-    def __init__(self, zero):
-        self.zero, self.flats = zero, []
-
-    def take_grads(self, pipeline_parallel: bool = False) -> None:
-        import torch
-
-        zero, fresh = self.zero, not self.flats
-        for i, params in enumerate(zero.round_robin_bit16_groups):
-            if fresh:
-                self.flats.append(torch.zeros_like(zero.bit16_groups_flat[i]))  # its padding stays zero
-            views = [self.flats[i].narrow(0, at, m.numel()).view(m.shape)
-                     for at, m in zip(zero.round_robin_bit16_offsets[i], zero.round_robin_bit16_meta[i], strict=True)]
-            have = [(v, p.grad) for p, v in zip(params, views, strict=True) if p.grad is not None]
-            if have:
-                into, grads = (list(t) for t in zip(*have, strict=True))
-                (torch._foreach_copy_ if fresh else torch._foreach_add_)(into, grads)
-            for p in params:
-                p.grad = None  # a CUDA graph's output: the next replay may overwrite it
-
-    def step(self, closure=None) -> None:
-        import torch
-
-        zero = self.zero
-        zero.micro_step_id, zero.overflow = -1, False
-        norms = torch.stack([sum(torch.linalg.vector_norm(c, 2, dtype=torch.float64).pow(2)
-                                 for c in flat.split(NORM_CHUNK)).float().pow(0.5) for flat in self.flats])
-        norm = torch.linalg.vector_norm(norms)  # as DeepSpeed combines its groups' norms
-        zero._global_grad_norm = norm = torch.where(torch.isfinite(norms).all(), norm, torch.full_like(norm, math.inf))
-        fp32s = zero.single_partition_of_fp32_groups
-        grads = [flat.to(fp32.dtype) for flat, fp32 in zip(self.flats, fp32s, strict=True)]
-        self.flats.clear()
-        if zero.clip_grad > 0.0:  # DeepSpeed's factor (its loss scale is 1 here)
-            torch._foreach_mul_(grads, 1.0 / torch.clamp((norm + 1e-6) / zero.clip_grad, min=1.0))
-        for fp32, grad in zip(fp32s, grads, strict=True):
-            fp32.grad = grad
-        zero.optimizer.step()
-        zero._lazy_init_hp_params_optimizer_state()
-        for i, fp32 in enumerate(fp32s):
-            fp32.grad = None
-            zero.parallel_partitioned_bit16_groups[i][0].data.copy_(fp32.data)  # the model's weights are views of it
+    return stage < 3 and (accum == 1 or (stage == 2 and copied))
 
 
 def prepare_engine(trainer, max_steps: int):

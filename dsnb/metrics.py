@@ -191,6 +191,13 @@ class StepTimer:
         self.device, self.untimed_steps, self.batches = device, untimed_steps, batches
         self.consumed = 0  # micro-batches the loop has trained on
         self.marks: list[tuple[float, int, int]] = []  # (time, step, micro-batches consumed)
+        self.excluded: list[tuple[float, float]] = []  # (when, seconds) spent on what is not training (checkpoints)
+
+    @property
+    def timed_from(self) -> int:
+        """The step whose mark starts the timed steps: untimed_steps after the first mark (step 0, or a resumed run's
+        checkpoint)."""
+        return (self.marks[0][1] if self.marks else 0) + self.untimed_steps
 
     def consume(self) -> None:
         self.consumed += 1
@@ -199,22 +206,30 @@ class StepTimer:
         sync(self.device)
         self.marks.append((time.perf_counter(), step, self.consumed))
 
+    def exclude(self, seconds: float) -> None:
+        """Time just spent on something other than training (a checkpoint), left out of the throughput."""
+        self.excluded.append((time.perf_counter(), seconds))
+
     def throughput(self, gather: bool = True) -> dict:
         """Steady-state samples/s and real tokens/s between the last untimed step's mark and the last step's, over
-        every rank (gather: a collective, so every rank must call it), and real tokens per sample of the run."""
+        every rank (gather: a collective, so every rank must call it), and real tokens per sample of the run. Where
+        the untimed steps leave no timed one, the figures cover every step, start-up included, and
+        throughput_includes_startup says so (1)."""
         if len(self.marks) < 2:
             return {}
-        first = next((m for m in self.marks if m[1] >= self.untimed_steps), self.marks[0])
-        if first is self.marks[-1]:
+        first = next((m for m in self.marks if m[1] >= self.timed_from), self.marks[0])
+        startup = first is self.marks[-1]
+        if startup:
             first = self.marks[0]
         (t0, s0, b0), (t1, s1, b1) = first, self.marks[-1]
         counts = [*self.batches.totals(b1), *self.batches.totals(b0), *self.batches.totals(self.consumed)]
         samples1, tokens1, samples0, tokens0, samples, tokens = sum_over_ranks(counts) if gather else counts
-        seconds = t1 - t0
+        seconds = t1 - t0 - sum(s for when, s in self.excluded if t0 < when <= t1)
         return {"samples_per_second": (samples1 - samples0) / seconds,
                 "tokens_per_second": (tokens1 - tokens0) / seconds,
                 "step_time_ms": 1000 * seconds / (s1 - s0), "timed_steps": s1 - s0,
-                "real_tokens_per_sample": tokens / max(1, samples)}
+                "real_tokens_per_sample": tokens / max(1, samples), "throughput_includes_startup": float(startup),
+                "checkpoint_seconds": sum(s for _, s in self.excluded)}
 
 
 def sum_over_ranks(values: list[int]) -> list[int]:

@@ -8,20 +8,19 @@ say about itself alone is RunConfig's own validation.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
+import sqlite3
 import tempfile
 import time
 
-from .config import ConfigError, RunConfig, describe
+from .config import ConfigError, RunConfig, check_environment, describe
+from .zero import deepcompile_asked, read_ds_config
 
-# "1": the DeepSpeed config of a compiled run gets compile.deepcompile, so engine.compile() runs DeepSpeed's DeepCompile
-# (its passes replace ZeRO's hooks with operations in the graph, and schedule ZeRO-3's prefetch and offload) instead
-# of plain torch.compile. Off by default (measured once: benchmarks/results/deepcompile_h200.md); it builds a CUDA op:
-# GPUs only; with parameter offload it failed there, and is refused.
-DEEPCOMPILE_ENV = "DSNB_DEEPCOMPILE"
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
 STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
 _CHECKED: set[str] = set()  # configs this process has already checked (a sweep's kernel sees each twice)
@@ -58,9 +57,9 @@ def pin_one_gpu(cfg: RunConfig) -> None:
 
 def check(cfg: RunConfig, device: str | None = None) -> None:
     """Everything that can be known before loading: raise ConfigError naming what to change."""
+    check_environment()
     device = device or pick_device()
-    key = json.dumps([cfg.to_dict(), device, world_size(), os.environ.get(DEEPCOMPILE_ENV),
-                      os.environ.get("TORCH_CUDA_ARCH_LIST")], sort_keys=True)
+    key = json.dumps([cfg.to_dict(), device, world_size(), os.environ.get("TORCH_CUDA_ARCH_LIST")], sort_keys=True)
     if key in _CHECKED:
         return
     check_device(cfg, device)
@@ -86,8 +85,33 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
 
     if not cfg.model.startswith("synthetic:"):
         resolve_model(cfg.model)  # a missing local folder fails here; synthetic builds wait for the run
-    check_host_ram(cfg, world)
+    check_host_ram(cfg, world, device)
+    check_disk(cfg)
     _CHECKED.add(key)
+
+
+def check_disk(cfg: RunConfig) -> None:
+    """output_dir (checkpoints and the saved model) and a local store (its artifacts) can be written and have room."""
+    from .estimate import disk_mb, trainable_params
+    from .model import model_config
+
+    check_output_folder(cfg.output_dir, "output_dir")
+    if cfg.results_folder:
+        check_output_folder(cfg.results_folder, "results_folder")
+    config = model_config(cfg.model)
+    runs_mb, store_mb = disk_mb(cfg, config, trainable_params(cfg, config))
+    if not cfg.save_model:
+        store_mb = 50.0
+    db = cfg.tracking_uri[len("sqlite:///"):] if cfg.tracking_uri.startswith("sqlite:///") else None
+    places = [(cfg.output_dir, runs_mb, "output_dir")] + ([(os.path.dirname(os.path.abspath(db)), store_mb,
+                                                            "tracking_uri's folder")] if db else [])
+    devices: dict[int, float] = {}
+    for path, need, _ in places:  # two places on one disk need room for both
+        device = os.stat(next(d for d in _parents(os.path.abspath(path)) if os.path.exists(d))).st_dev
+        devices[device] = devices.get(device, 0.0) + need
+    for path, _, what in places:
+        device = os.stat(next(d for d in _parents(os.path.abspath(path)) if os.path.exists(d))).st_dev
+        check_free_space(path, devices[device], what)
 
 
 def check_store(uri: str) -> None:
@@ -97,28 +121,173 @@ def check_store(uri: str) -> None:
 
     scheme = urlparse(uri).scheme
     if scheme == "sqlite":
-        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
-        if not path or path.endswith("/"):
-            raise ConfigError(f"tracking_uri {uri!r} names no database file; use e.g. sqlite:///mlflow.db")
-        folder = os.path.dirname(os.path.abspath(path))
-        existing = next((d for d in _parents(folder) if os.path.exists(d)), "/")
-        if not _writable(existing):
-            raise ConfigError(f"tracking_uri {uri!r}: {existing} is not a folder dsnb can write to; "
-                              "pick a writable place for the store")
-        if os.path.isfile(path) and not _is_sqlite(path):
-            raise ConfigError(f"tracking_uri {uri!r}: {path} exists and is not an SQLite database; "
-                              "name another file")
+        check_sqlite_store(uri)
     elif scheme in ("http", "https"):
-        import urllib.request
-
-        try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5)
-        except OSError as e:
-            raise ConfigError(f"tracking_uri {uri} does not answer ({describe(e)}); start the MLflow server "
-                              "or use sqlite:///mlflow.db") from None
+        check_server(uri)
     elif scheme in ("", "file"):
         raise ConfigError(f"tracking_uri {uri!r} is a file store, which MLflow 3 deprecates and refuses; "
                           "use sqlite:///mlflow.db (or an http:// tracking server)")
+    else:
+        check_database(uri, scheme)
+
+
+def check_sqlite_store(uri: str) -> None:
+    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+    if path in (":memory:", "") and uri.rstrip("/").endswith(":memory:"):
+        raise ConfigError(f"tracking_uri {uri!r} keeps the store in memory, so every run is lost when its process "
+                          "ends; use a file such as sqlite:///mlflow.db")
+    if not path or path.endswith("/"):
+        raise ConfigError(f"tracking_uri {uri!r} names no database file; use e.g. sqlite:///mlflow.db")
+    if os.path.isdir(path):
+        raise ConfigError(f"tracking_uri {uri!r}: {path} is a folder; name the database file in it, e.g. "
+                          f"sqlite:///{os.path.join(path, 'mlflow.db')}")
+    check_path_names(path, "tracking_uri")
+    folder = os.path.dirname(os.path.abspath(path))
+    existing = next((d for d in _parents(folder) if os.path.exists(d)), "/")
+    if not os.path.isdir(existing):
+        raise ConfigError(f"tracking_uri {uri!r}: {existing} is a file, not a folder; pick a folder for the store")
+    if not _writable(existing):
+        raise ConfigError(f"tracking_uri {uri!r}: {existing} is not a folder dsnb can write to (read-only?); "
+                          "pick a writable place for the store")
+    if os.path.isfile(path):
+        if not _is_sqlite(path):
+            raise ConfigError(f"tracking_uri {uri!r}: {path} exists and is not an SQLite database; name another file")
+        if os.path.getsize(path):
+            check_complete(path)
+            check_unlocked(uri, path)
+
+
+def check_complete(db: str) -> None:
+    """A ConfigError naming a store whose creation was cut short (its tables half-made), with what to do."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    except sqlite3.DatabaseError as e:
+        raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); move it away and run again, or give "
+                          "another tracking_uri") from None
+    if "alembic_version" in tables and not any(t.startswith("_alembic_tmp") for t in tables):
+        return
+    held = f"it holds {runs} run(s)" if runs else "it holds no runs"
+    raise ConfigError(f"{db} is an MLflow store whose creation was interrupted (its tables are half-made; {held}); "
+                      f"move it away (mv {shlex.quote(db)} {shlex.quote(db + '.broken')}) and run again, which creates "
+                      "a new one")
+
+
+def check_unlocked(uri: str, path: str, wait_s: float = 5.0) -> None:
+    """No other program holds the store's write lock (a database browser with a transaction open, a stuck process):
+    MLflow would wait, then fail the run mid-way."""
+    try:
+        con = sqlite3.connect(path, timeout=wait_s, isolation_level=None)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("ROLLBACK")
+        finally:
+            con.close()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):
+            raise ConfigError(f"tracking_uri {uri!r}: {path} is locked by another program (one holding a write "
+                              f"transaction open for {wait_s:.0f} s or more); close it and run again") from None
+        raise ConfigError(f"tracking_uri {uri!r}: {path} cannot be written ({describe(e)}); pick another "
+                          "place for the store") from None
+
+
+def check_server(uri: str) -> None:
+    """An http(s) tracking server answers /health; a user and password in the URI are sent as basic auth, as
+    MLflow's own requests send them."""
+    import base64
+    import urllib.request
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])).rstrip("/") + "/health"
+    request = urllib.request.Request(url)
+    if "@" in parts.netloc:
+        pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
+    try:
+        urllib.request.urlopen(request, timeout=5)
+    except OSError as e:
+        raise ConfigError(f"tracking_uri {uri} does not answer ({describe(e)}); start the MLflow server "
+                          "or use sqlite:///mlflow.db") from None
+
+
+DB_DRIVERS = {"postgresql": ("psycopg2", "psycopg2-binary"), "mysql": ("pymysql", "pymysql"),
+              "mssql": ("pyodbc", "pyodbc")}
+
+
+def check_database(uri: str, scheme: str) -> None:
+    """A database store MLflow supports, whose driver is installed and which answers."""
+    dialect, _, driver = scheme.partition("+")
+    if dialect not in DB_DRIVERS:
+        raise ConfigError(f"tracking_uri {uri!r}: {scheme} is not a store MLflow takes; use sqlite:///mlflow.db, an "
+                          "http(s):// server, or postgresql/mysql/mssql")
+    module, package = DB_DRIVERS[dialect] if not driver else (driver, driver)
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"tracking_uri {uri!r} needs the database driver {module}, which is not installed; "
+                          f"pip install {package}")
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 5} if dialect != "mssql" else {})
+        with engine.connect():
+            pass
+    except Exception as e:  # the driver's own error types: all mean the store cannot be reached
+        raise ConfigError(f"tracking_uri {uri} does not answer ({describe(e)}); check the database or use "
+                          "sqlite:///mlflow.db") from None
+
+
+def check_output_folder(path: str, what: str, empty: bool = False) -> None:
+    """A folder dsnb creates or writes into: named, each part within the file-name limit, not a file, under a folder
+    that can be written to; with empty, also new or empty (nothing in it is ever written over)."""
+    if not path or not path.strip():
+        raise ConfigError(f"{what} is empty; give a folder")
+    check_path_names(path, what)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a file, not a folder; give a folder")
+    if empty and os.path.isdir(path) and os.listdir(path):
+        raise ConfigError(f"{what} {path} already exists and is not empty; give a new folder")
+    check_writable_place(path, what)
+
+
+def check_output_file(path: str, what: str) -> None:
+    """A new file dsnb writes: named, not a folder, not there yet (never written over), in a folder it can write."""
+    if not path or not path.strip() or path.endswith(os.sep):
+        raise ConfigError(f"{what} is {path!r}; give a file name such as dsnb_mlflow.zip")
+    check_path_names(path, what)
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a folder; give a file name")
+    if os.path.exists(path):
+        raise ConfigError(f"{what} {path} already exists; give another file name or move it away")
+    check_writable_place(path, what)
+
+
+def check_writable_place(path: str, what: str) -> None:
+    existing = next((d for d in _parents(os.path.abspath(path)) if os.path.exists(d)), "/")
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{what} {path}: {existing} is a file, not a folder; give a path under a folder")
+    if not _writable(existing):
+        raise ConfigError(f"{what} {path}: {existing} cannot be written to (read-only?); give a writable place")
+
+
+def check_free_space(path: str, need_mb: float, what: str) -> None:
+    """The disk under path has room for what the run writes there (the saved model, its artifact copy,
+    checkpoints)."""
+    existing = next((d for d in _parents(os.path.abspath(path)) if os.path.exists(d)), "/")
+    free_mb = shutil.disk_usage(existing).free / 2**20
+    if free_mb < need_mb:
+        raise ConfigError(f"{what} {path} has {free_mb:,.0f} MB free but this run writes about {need_mb:,.0f} MB there "
+                          "(its saved model, checkpoints and MLflow's copy); free space or choose another place")
+
+
+def check_path_names(path: str, field: str) -> None:
+    """Each part of a path fits the file system's name limit (255 bytes on most)."""
+    for part in os.path.abspath(path).split(os.sep):
+        if len(part.encode()) > 255:
+            raise ConfigError(f"{field}: the path's part {part[:40]!r}... is {len(part.encode())} bytes long, over the "
+                              "file-name limit of 255; shorten it")
 
 
 def _parents(folder: str):
@@ -169,12 +338,14 @@ def check_device(cfg: RunConfig, device: str) -> None:
                               f"has {total:.1f} GB; set at most {total:.0f}")
 
 
-def check_host_ram(cfg: RunConfig, world: int) -> None:
+def check_host_ram(cfg: RunConfig, world: int, device: str, estimate: dict | None = None) -> None:
     """The estimated peak host RAM of this run's processes on this machine fits ram_budget_gb, else what is
-    available now; refused (or, with host_ram_check warn, warned) before anything loads."""
+    available now; refused (or, with host_ram_check warn, warned) before anything loads. Without a GPU the host also
+    holds what the GPU estimate counts (weights, gradients, optimizer; with `estimate`, the plan's, activations and
+    attention masks too: before the data is read, those are left out)."""
     import psutil
 
-    from .estimate import host_ram_mb, trainable_params
+    from .estimate import estimate_memory, host_ram_mb, trainable_params
     from .model import model_config
 
     config = model_config(cfg.model)
@@ -182,13 +353,17 @@ def check_host_ram(cfg: RunConfig, world: int) -> None:
     trainable = trainable_params(cfg, config)
     need = host_ram_mb(cfg, config, trainable, world, mapped=False) * local / 1024
     resident = host_ram_mb(cfg, config, trainable, world) * local / 1024
+    if device == "cpu":
+        state = (estimate or estimate_memory(cfg, config, trainable, 0, world))["est_peak_gpu_mb"] * local / 1024
+        need, resident = need + state, resident + state
     have = cfg.ram_budget_gb or psutil.virtual_memory().available / 2**30
     where = f"ram_budget_gb is {cfg.ram_budget_gb:g}" if cfg.ram_budget_gb else f"this machine has {have:.1f} GB free"
     if need > have:
-        offload = " (the offloaded optimizer states and weights live there)" if cfg.offload_optimizer != "none" or \
-            cfg.offload_param != "none" else ""
-        message = (f"this run needs about {need:.1f} GB of host RAM{offload} but {where}; use a smaller model, "
-                   "offload less, or set host_ram_check warn to try anyway")
+        held = (" (without a GPU it holds the weights, gradients, optimizer and activations)" if device == "cpu" else
+                " (the offloaded optimizer states and weights live there)" if cfg.offload_optimizer != "none" or
+                cfg.offload_param != "none" else "")
+        message = (f"this run needs about {need:.1f} GB of host RAM{held} but {where}; use a smaller model, "
+                   "shorter max_length or batch, offload less, or set host_ram_check warn to try anyway")
         if cfg.host_ram_check == "refuse":
             raise ConfigError(message)
         print(f"dsnb: warning: {message}")
@@ -279,40 +454,15 @@ def check_nvme_space(path: str, needed_mb: float) -> None:
 def check_deepcompile(cfg: RunConfig, device: str) -> None:
     """DeepCompile, where asked for: not with parameter offload (it failed so on the H200), on a GPU only, and with a
     TORCH_CUDA_ARCH_LIST DeepSpeed can build its op for."""
-    own = read_ds_config(cfg) if cfg.ds_config_path else {}
+    own = read_ds_config(cfg, world_size()) if cfg.ds_config_path else {}
     if cfg.zero_stage is None or not deepcompile_asked(cfg, own):
         return
     if cfg.offload_param != "none":  # measured: benchmarks/results/deepcompile_h200.md
         raise ConfigError(f"DeepSpeed's DeepCompile with offload_param {cfg.offload_param} failed on the H200 (its "
                           "parameter offload left the output layer's weight unallocated in the first compiled "
-                          "forward; DeepSpeed 0.19.8, torch 2.11); unset DSNB_DEEPCOMPILE (and take "
+                          "forward; DeepSpeed 0.19.8, torch 2.11); set deepcompile false (and take "
                           "compile.deepcompile out of ds_config_path's JSON) or set offload_param none")
     if device == "cpu":
-        raise ConfigError("DeepSpeed's DeepCompile needs a CUDA GPU (it builds a CUDA op); unset DSNB_DEEPCOMPILE "
+        raise ConfigError("DeepSpeed's DeepCompile needs a CUDA GPU (it builds a CUDA op); set deepcompile false "
                           "and take compile.deepcompile out of ds_config_path's JSON, or run on a GPU")
     check_arch_list("DeepCompile")
-
-
-def deepcompile_asked(cfg: RunConfig, config: dict) -> bool:
-    """Whether a compiled ZeRO run goes through DeepCompile: DSNB_DEEPCOMPILE=1, or the DeepSpeed config says so."""
-    return cfg.torch_compile and (os.environ.get(DEEPCOMPILE_ENV) == "1" or
-                                  bool((config.get("compile") or {}).get("deepcompile")))
-
-
-def read_ds_config(cfg: RunConfig) -> dict:
-    """The user's own DeepSpeed JSON (ds_config_path), checked against the run's batch sizes."""
-    from .zero import check_batch_sizes
-
-    path = cfg.ds_config_path
-    if not os.path.isfile(path):
-        raise ConfigError(f"ds_config {path!r} does not exist; give a DeepSpeed JSON file or leave it empty")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"ds_config {path} is not valid JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"ds_config {path} must hold a JSON object of DeepSpeed settings, not a "
-                          f"{type(config).__name__}")
-    check_batch_sizes(config, cfg, world_size())
-    return config

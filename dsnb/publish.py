@@ -16,30 +16,41 @@ import shutil
 import tempfile
 
 from .config import ConfigError, RunConfig, describe
-from .tracking import RunResult, mlflow_client
+from .preflight import check_output_folder
+from .tracking import RunResult, existing_store, mlflow_client
 
 
 def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
     """Write the run's trained adapter (or fully fine-tuned model) to dest, a new folder; with merge, the LoRA
-    weights merged into the base model, saved whole. Returns dest."""
-    if os.path.exists(dest) and os.listdir(dest):
-        raise ConfigError(f"{dest} already exists and is not empty; give a new folder")
-    client = mlflow_client(result.tracking_uri)
+    weights merged into the base model, saved whole. Written into dest.partial and renamed when whole: a failure
+    (a full disk, say) leaves nothing behind. Returns dest."""
+    check_output_folder(dest, "the output folder", empty=True)
+    client = mlflow_client(existing_store(result.tracking_uri))
     run = client.get_run(result.run_id)
     cfg = RunConfig.from_dict({k: v for k, v in run.data.params.items() if k in RunConfig.__dataclass_fields__})
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            model_dir = client.download_artifacts(result.run_id, "model", tmp)
-        except Exception as e:  # a run without save_model, or one that failed before saving
-            raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); train with save_model "
-                              "true") from None
-        lora = os.path.isfile(os.path.join(model_dir, "adapter_config.json"))
-        if merge and lora:
-            merged(cfg, model_dir, dest)
-        else:
-            shutil.copytree(model_dir, dest, dirs_exist_ok=True)
-    with open(os.path.join(dest, "dsnb_run.json"), "w") as f:
-        json.dump({"run_id": result.run_id, "merged": merge and lora, "config": cfg.to_dict()}, f, indent=2)
+    part = dest.rstrip(os.sep) + ".partial"
+    shutil.rmtree(part, ignore_errors=True)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                model_dir = client.download_artifacts(result.run_id, "model", tmp)
+            except Exception as e:  # a run without save_model, or one that failed before saving
+                raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); train with save_model "
+                                  "true") from None
+            lora = os.path.isfile(os.path.join(model_dir, "adapter_config.json"))
+            if merge and lora:
+                merged(cfg, model_dir, part)
+            else:
+                shutil.copytree(model_dir, part)
+        with open(os.path.join(part, "dsnb_run.json"), "w") as f:
+            json.dump({"run_id": result.run_id, "merged": merge and lora, "config": cfg.to_dict()}, f, indent=2)
+        if os.path.isdir(dest):
+            os.rmdir(dest)  # an empty folder the user made for it
+        os.replace(part, dest)
+    except OSError as e:
+        raise ConfigError(f"could not write {dest} ({describe(e)}); free space there or give another folder") from None
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
     return dest
 
 
@@ -80,11 +91,25 @@ def load_saved(folder: str, dtype: str = "fp32"):
 
 
 def check_push(repo: str, token: str | None) -> None:
-    """A push needs a repository (owner/name) and a token; checked before anything is saved."""
+    """A push needs a valid repository name (owner/name) and a token the hub accepts; checked before anything is
+    saved."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     if not repo or repo.count("/") != 1 or not all(repo.split("/")):
         raise ConfigError(f"push_to is {repo!r}; give a hub repository as owner/name")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        raise ConfigError(f"push_to is {repo!r}, which the hub does not take as a repository name: use letters, "
+                          "digits, '-', '_' and '.' (not at either end), as owner/name") from None
     if not token:
         raise ConfigError("pushing to the hub needs a token: pass --token or set HF_TOKEN (it is never logged)")
+    try:
+        HfApi(token=token).whoami()
+    except Exception as e:  # offline, or a token the hub refuses: nothing is written either way
+        raise ConfigError(f"the hub did not accept the token or could not be reached ({describe(e, 120)}); check the "
+                          "token and the network before saving") from None
 
 
 def push_to_hub(folder: str, repo: str, token: str | None) -> str:

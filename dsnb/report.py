@@ -142,8 +142,11 @@ def format_table(table) -> str:
 
 
 def loss_curve(client, run_id: str) -> tuple[list[int], list[float]]:
-    history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
-    return [m.step for m in history], [m.value for m in history]
+    """(steps, losses) of a run's curve; a step written twice (a resumed run retrains the steps after its checkpoint)
+    counts once, as its newest record."""
+    newest = {m.step: m.value for m in sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.timestamp)}
+    steps = sorted(newest)
+    return steps, [newest[step] for step in steps]
 
 
 def same_work(runs: list[RunResult], loss_tolerance: float = 0.05, quality_tolerance: float = 0.1) -> str:

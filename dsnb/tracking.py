@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import platform
+import shlex
 import socket
 import sqlite3
 import sys
@@ -22,7 +23,7 @@ import traceback
 import zipfile
 from importlib import metadata
 
-from .config import ConfigError, RunConfig, describe
+from .config import ConfigError, RunConfig, describe, redact
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
 PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "datasets", "mlflow",
@@ -57,14 +58,25 @@ def sqlite_path(uri: str) -> str | None:
 
 
 def resolve_uri(uri: str) -> str:
-    """A sqlite:/// URI with an absolute path: MLflow caches stores by URI string, so a relative one
-    would keep writing to the first working directory's file after a chdir (a notebook's, a test's)."""
+    """The URI MLflow is given: a sqlite:/// URI with an absolute path (MLflow caches stores by URI string, so a
+    relative one would keep writing to the first working directory's file after a chdir: a notebook's, a test's), and an
+    http(s) URI without its user and password, which go to MLflow as MLFLOW_TRACKING_USERNAME and _PASSWORD (its
+    documented way), so that no URL MLflow prints or stores holds them."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
     db = sqlite_path(uri)
-    return f"sqlite:///{os.path.abspath(db)}" if db is not None else uri
+    if db is not None:
+        return f"sqlite:///{os.path.abspath(db)}"
+    parts = urlsplit(uri)
+    if parts.scheme in ("http", "https") and "@" in parts.netloc:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parts.username or "")
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(parts.password or "")
+        return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    return uri
 
 
 def mlflow_client(uri: str):
-    """An MlflowClient for `uri`, relative SQLite paths resolved against the working directory now."""
+    """An MlflowClient for `uri` (see resolve_uri); a new SQLite store is created whole first."""
     from mlflow import MlflowClient
 
     uri = resolve_uri(uri)
@@ -72,25 +84,58 @@ def mlflow_client(uri: str):
     return MlflowClient(uri)
 
 
+def existing_store(uri: str) -> str:
+    """uri, if it names a store that is there: commands that only read (save, export, notebook 03) must not create an
+    empty one where a path is mistyped."""
+    db = sqlite_path(uri)
+    if db is not None and not os.path.isfile(db):
+        raise ConfigError(f"tracking_uri {uri}: there is no store at {os.path.abspath(db)}; give the store the runs "
+                          "were logged to (python -m dsnb ui --tracking_uri ... shows it)")
+    return uri
+
+
 _READY: set[str] = set()  # stores this process has already seen created
+STOPPED: list[str] = []  # runs this process (or its children) ended KILLED on an interrupt, for the message after
 
 
 def init_store(uri: str) -> None:
-    """Create a new SQLite store's tables under a file lock: two processes migrating one fresh file collide."""
+    """A new SQLite store is made whole or not at all: migrated in a file of its own beside the database, then renamed
+    into place, under a file lock (two processes migrating one fresh file collide; a process stopped while MLflow
+    creates the tables would leave them half-made). An existing store that is half-made is named, with what to do."""
     db = sqlite_path(uri)
     if db is None or uri in _READY:
         return
     import fcntl
+    import glob
     import logging
-
-    from mlflow import MlflowClient
 
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables"
     os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
     with open(db + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        MlflowClient(uri).search_experiments(max_results=1)
+        for left in glob.glob(glob.escape(db) + ".creating-*"):  # a creation killed part way (the lock is ours now)
+            os.remove(left)
+        if os.path.isfile(db) and os.path.getsize(db):
+            from .preflight import check_complete
+
+            check_complete(db)
+        else:
+            create_store(db)
     _READY.add(uri)
+
+
+def create_store(db: str) -> None:
+    from mlflow import MlflowClient
+
+    part = f"{db}.creating-{os.getpid()}"
+    try:
+        MlflowClient(f"sqlite:///{part}").search_experiments(max_results=1)  # MLflow creates and migrates the tables
+        with open(part, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(part, db)
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
 
 
 def experiment_id(cfg: RunConfig) -> str:
@@ -129,7 +174,7 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
         owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid())}
         run_id = client.create_run(experiment, run_name=cfg.name,
                                    tags=owner).info.run_id
-    client.log_batch(run_id, params=[Param(k, str(v)) for k, v in cfg.to_dict().items()],
+    client.log_batch(run_id, params=[Param(k, v) for k, v in logged_params(cfg).items()],
                      tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
     return run_id
 
@@ -158,9 +203,14 @@ def search(client, experiment_ids: list[str], filter_string: str = "", order_by:
             return runs
 
 
+def logged_params(cfg: RunConfig) -> dict[str, str]:
+    """The whole config as MLflow params (text), credentials in URIs masked."""
+    return {k: redact(str(v)) for k, v in cfg.to_dict().items()}
+
+
 def same_config(run, cfg: RunConfig) -> bool:
     """Whether an MLflow run was started with exactly cfg (its other params are measurements)."""
-    return all(run.data.params.get(k) == str(v) for k, v in cfg.to_dict().items())
+    return all(run.data.params.get(k) == v for k, v in logged_params(cfg).items())
 
 
 def mark_stale_runs(client) -> list[str]:
@@ -185,6 +235,8 @@ def finish(run_id: str, tracking_uri: str, status: str) -> None:
     client = mlflow_client(tracking_uri)
     if client.get_run(run_id).info.status == "RUNNING":
         client.set_terminated(run_id, status=status)
+    if status == "KILLED":
+        STOPPED.append(run_id)
 
 
 def what_was_recorded(tracking_uri: str, run_id: str | None) -> str:
@@ -199,6 +251,16 @@ def what_was_recorded(tracking_uri: str, run_id: str | None) -> str:
         return (f"its MLflow run {run_id} could not be closed and still shows RUNNING "
                 "(the next dsnb start marks it KILLED)")
     return f"it is recorded as a {status} MLflow run ({run_id}) with its error"
+
+
+def read_json(path: str) -> dict:
+    """A JSON object from a file dsnb wrote ({} where it is missing or cut short)."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def log_json(obj, name: str) -> None:
@@ -227,35 +289,49 @@ def environment(device: str) -> dict:
 
 
 def export_store(tracking_uri: str, dest: str) -> str:
-    """Zip a SQLite store and its artifacts into `dest`, refusing to overwrite an existing file.
+    """Zip a SQLite store and its artifacts into `dest`, a new file (never written over; nothing half-written is left
+    where the zip cannot be finished: a full disk, say).
 
     Artifact locations are rewritten to paths relative to the store's folder in the zipped copy, so
     `mlflow ui` started in the unzipped folder finds every artifact on another machine.
     """
+    from .preflight import check_output_file
+
     db = sqlite_path(tracking_uri)
     if db is None or not os.path.isfile(db):
-        raise FileNotFoundError(f"no SQLite store at {tracking_uri}; export works on sqlite:/// stores")
-    if os.path.exists(dest):
-        raise FileExistsError(f"{dest} already exists; give another file name or move it away")
+        raise ConfigError(f"no SQLite store at {tracking_uri}; export works on sqlite:/// stores")
+    check_output_file(dest, "the zip")
     root = os.path.dirname(os.path.abspath(db))
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = os.path.join(tmp, "mlflow.db")
-        with sqlite3.connect(db) as src, sqlite3.connect(copy) as out:
-            src.backup(out)
-            prefixes = (f"file://{root}/", f"{root}/")
-            for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
-                for prefix in prefixes:
-                    out.execute(f"UPDATE {table} SET {column} = substr({column}, ?) WHERE {column} LIKE ?",
-                                (len(prefix) + 1, prefix + "%"))
-        out.close()
-        with zipfile.ZipFile(dest + ".partial", "w", zipfile.ZIP_DEFLATED) as zf:
-            zf.write(copy, "mlflow.db")
-            artifacts = os.path.join(root, ARTIFACT_DIR)
-            for folder, _, files in os.walk(artifacts):
-                for name in files:
-                    path = os.path.join(folder, name)
-                    zf.write(path, os.path.relpath(path, root))
-    os.replace(dest + ".partial", dest)
+    artifacts = os.path.join(root, ARTIFACT_DIR)
+    if os.path.abspath(dest).startswith(artifacts + os.sep):
+        raise ConfigError(f"the zip {dest} would sit inside the store's own artifacts ({artifacts}) and so hold "
+                          "itself; write it elsewhere")
+    part = dest + ".partial"
+    try:
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dest))) as tmp:
+            copy = os.path.join(tmp, "mlflow.db")
+            with contextlib.closing(sqlite3.connect(db)) as src, contextlib.closing(sqlite3.connect(copy)) as out:
+                src.backup(out)
+                prefixes = (f"file://{root}/", f"{root}/")
+                for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+                    for prefix in prefixes:
+                        out.execute(f"UPDATE {table} SET {column} = substr({column}, ?) WHERE {column} LIKE ?",
+                                    (len(prefix) + 1, prefix + "%"))
+                out.commit()
+            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as zf:
+                zf.write(copy, "mlflow.db")
+                for folder, _, files in os.walk(artifacts):
+                    for name in files:
+                        path = os.path.join(folder, name)
+                        zf.write(path, os.path.relpath(path, root))
+        os.replace(part, dest)
+    except sqlite3.DatabaseError as e:
+        raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); nothing was exported") from None
+    except OSError as e:
+        raise ConfigError(f"could not write {dest} ({describe(e)}); free space there or give another place") from None
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
     return dest
 
 
@@ -265,7 +341,7 @@ def download_store(tracking_uri: str, drive_folder: str = "") -> str:
     import shutil
 
     dest, n = "dsnb_mlflow.zip", 1
-    while os.path.exists(dest):
+    while os.path.exists(dest) or drive_folder and os.path.exists(os.path.join(drive_folder, dest)):
         n += 1
         dest = f"dsnb_mlflow-{n}.zip"
     export_store(tracking_uri, dest)
@@ -287,17 +363,28 @@ def open_store(tracking_uri: str) -> str:
     if not tracking_uri.endswith(".zip"):
         return tracking_uri
     if not os.path.isfile(tracking_uri):
-        raise FileNotFoundError(f"{tracking_uri} does not exist; upload dsnb_mlflow.zip first (Colab: the Files pane)")
+        raise ConfigError(f"{tracking_uri} does not exist; upload dsnb_mlflow.zip first (Colab: the Files pane)")
     folder = tracking_uri[:-4]
     if not os.path.isfile(os.path.join(folder, "mlflow.db")):
-        with zipfile.ZipFile(tracking_uri) as zf:
-            zf.extractall(folder)
+        try:
+            with zipfile.ZipFile(tracking_uri) as zf:
+                if "mlflow.db" not in zf.namelist():
+                    raise ConfigError(f"{tracking_uri} holds no mlflow.db; give a zip that dsnb export or "
+                                      "download_store made")
+                zf.extractall(folder + ".partial")
+        except zipfile.BadZipFile as e:
+            raise ConfigError(f"{tracking_uri} is not a readable zip ({describe(e)}); upload it again (an upload cut "
+                              "short looks like this)") from None
+        os.replace(folder + ".partial", folder)
     return f"sqlite:///{os.path.abspath(folder)}/mlflow.db"
 
 
 def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:
-    """The command that opens the MLflow UI on this machine only (no auth: keep it off the network)."""
-    return f"mlflow ui --backend-store-uri {tracking_uri} --host {host} --port {port}"
+    """The command that opens the MLflow UI on this machine only (no auth: keep it off the network), for the store in
+    use: shell-quoted, a relative SQLite path made absolute, credentials masked."""
+    db = sqlite_path(tracking_uri)
+    uri = f"sqlite:///{os.path.abspath(db)}" if db is not None else redact(tracking_uri)
+    return f"mlflow ui --backend-store-uri {shlex.quote(uri)} --host {host} --port {port}"
 
 
 def resumable_run(cfg: RunConfig) -> tuple[str, str]:
@@ -316,6 +403,11 @@ def resumable_run(cfg: RunConfig) -> tuple[str, str]:
             if not same_config(run, cfg):
                 raise ConfigError(f"run {cfg.name} ({run.info.run_id}) was started with another config; resume it "
                                   "with the same fields, or drop --resume to start afresh")
+            state = read_json(os.path.join(checkpoint, "trainer_state.json"))
+            if state.get("max_steps") and state.get("global_step", 0) >= state["max_steps"]:
+                raise ConfigError(f"run {cfg.name} ({run.info.run_id}) had trained all {state['max_steps']} steps when "
+                                  f"it stopped ({checkpoint}): nothing is left to train, and its recorded numbers stay "
+                                  f"as they are ({run.info.status}); run without --resume to measure it afresh")
             return run.info.run_id, checkpoint
     raise ConfigError(f"nothing to resume: no failed or killed run named {cfg.name} with a checkpoint under "
                       f"{cfg.output_dir}/ (set checkpoint_steps to save them); run without --resume")
@@ -351,6 +443,11 @@ class Curve:
         if self.steps >= self.records or time.monotonic() - self.written >= self.seconds:
             self.write()
 
+    def history(self, up_to: int) -> dict[int, float]:
+        """The loss of each step up to `up_to` that the store holds (a step written twice: its newest record)."""
+        records = sorted(self.client.get_metric_history(self.run_id, "loss"), key=lambda m: m.timestamp)
+        return {m.step: m.value for m in records if m.step <= up_to}
+
     def write(self) -> None:
         """Write what is held."""
         if self.pending:
@@ -379,6 +476,7 @@ def record_failure(error: BaseException, measured: dict) -> None:
     interrupted = isinstance(error, KeyboardInterrupt)
     failure = "oom" if oom else "interrupted" if interrupted else type(error).__name__
     mlflow.set_tags({"failure": failure, "error": describe(error, 500)})
-    mlflow.log_text("".join(traceback.format_exception(error)), "error.txt")
+    mlflow.log_text(redact("".join(traceback.format_exception(error))), "error.txt")
     if interrupted:
+        STOPPED.append(mlflow.active_run().info.run_id)
         mlflow.end_run("KILLED")

@@ -17,7 +17,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 from . import preflight, tracking
 from .config import ConfigError, RunConfig
@@ -63,7 +63,7 @@ class Plan:
 def plan(cfg: RunConfig, world: int = 1) -> Plan:
     """Read and check the data (training and held-out rows) and estimate the run's memory, loading no weights."""
     from .data import build_dataset, fill_rows, load_records, truncated
-    from .estimate import estimate_memory, tokens_per_micro_batch, trainable_params
+    from .estimate import estimate_memory, row_length, tokens_per_micro_batch, trainable_params
     from .model import load_tokenizer, model_config
 
     tokenizer = load_tokenizer(cfg)
@@ -79,7 +79,10 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
     eval_rows = load_records(cfg, "eval", cfg.eval_samples) if cfg.eval_samples else []
     config = model_config(cfg.model)
     trainable = trainable_params(cfg, config)
-    estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world)
+    device = preflight.pick_device()
+    estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world,
+                               row_length(cfg, samples), on_gpu=device != "cpu")
+    preflight.check_host_ram(cfg, world, device, estimate)  # now with the data's activations, before any weight loads
     return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, samples), len(samples))
 
 
@@ -87,10 +90,12 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     """The plan in one paragraph: data, held-out questions, trainable weights, estimated GPU and host memory."""
     est = p.estimate
     real = sum(sum(m) for m in p.train_set["attention_mask"])
+    on_gpu = preflight.pick_device() != "cpu"
     gpu = f"GPU peak about {est['est_peak_gpu_mb'] / 1024:.1f} GB" + (
-        f" (budget {cfg.memory_budget_gb:g} GB)" if cfg.memory_budget_gb else "")
+        f" (budget {cfg.memory_budget_gb:g} GB)" if cfg.memory_budget_gb else "") if on_gpu else "no GPU"
     host = f"host RAM about {est['est_peak_host_mb'] / 1024:.1f} GB" + (
-        f" (budget {cfg.ram_budget_gb:g} GB)" if cfg.ram_budget_gb else "")
+        f" (budget {cfg.ram_budget_gb:g} GB)" if cfg.ram_budget_gb else "") + (
+        "" if on_gpu else " (the weights, gradients, optimizer and activations included)")
     rows = (f" in {len(p.train_set)} rows of {cfg.max_length} tokens ({real / (len(p.train_set) * cfg.max_length):.1%}"
             " real)") if cfg.padding == "filled" else ""
     lines = [f"{p.samples} samples of {real / p.samples:.0f} real tokens on average{rows}, {len(p.eval_rows)} "
@@ -127,6 +132,54 @@ class Quality:
     def table(self) -> list[dict]:
         return [{"question": r["question"], "gold": r["answers"]["text"],
                  **{when: answers[i] for when, answers in self.answers.items()}} for i, r in enumerate(self.rows)]
+
+
+STAGING = ".partial"  # a checkpoint is written here, then renamed into place whole
+
+
+class CheckpointTrainer(Trainer):
+    """The HF Trainer, writing each checkpoint whole or not at all: into a staging folder, then renamed into place, so
+    that a run killed while writing leaves its last complete checkpoint the newest one (a resume never meets half of
+    one). Just before the rename, `before_publish` runs (the loss curve is written to MLflow, so no checkpoint holds a
+    step the curve lacks); the previous checkpoint is removed after it (save_total_limit)."""
+
+    before_publish: tuple = ()
+    _staged: str | None = None
+
+    def _get_output_dir(self, trial) -> str:
+        return self._staged or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+        run_dir = super()._get_output_dir(trial)
+        staged, name = os.path.join(run_dir, STAGING), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save:
+            shutil.rmtree(staged, ignore_errors=True)  # left by a run killed mid-write
+        self.accelerator.wait_for_everyone()
+        self._staged = staged
+        try:
+            super()._save_checkpoint(model, trial)  # every rank writes its part (DeepSpeed's shards) under staged
+        finally:
+            self._staged = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            for hook in self.before_publish:
+                hook()
+            sync_tree(os.path.join(staged, name))
+            shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)  # a checkpoint of this step from before
+            os.replace(os.path.join(staged, name), os.path.join(run_dir, name))
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=None, use_mtime=False)
+        self.accelerator.wait_for_everyone()
+
+
+def sync_tree(folder: str) -> None:
+    """Flush a folder's files to disk, so the rename that publishes it never points at data still in the cache."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
 
 
 @dataclass
@@ -198,13 +251,11 @@ def deepspeed_env(device: str) -> None:
 
 def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) -> Session:
     """Memory cap, DeepSpeed config, the Trainer's arguments, the plan (data, estimate), the model and the Trainer."""
-    from transformers import Trainer
-
     from .data import BatchLog, collator
     from .estimate import largest_weight
     from .metrics import StepTimer, gputil_used_mb
     from .model import count_parameters, load_model, model_config
-    from .zero import deepspeed_config
+    from .zero import run_config
 
     world = preflight.world_size()
     cap_memory(cfg, device)
@@ -213,9 +264,7 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     deepspeed = None
     if cfg.zero_stage is not None:  # the model's largest weight sizes NVMe swap buffers only
         largest = largest_weight(model_config(cfg.model)) if cfg.offload_param == "nvme" else 0
-        deepspeed = preflight.read_ds_config(cfg) if cfg.ds_config_path else deepspeed_config(cfg, world, largest)
-        if preflight.deepcompile_asked(cfg, deepspeed):
-            deepspeed["compile"] = {**deepspeed.get("compile", {}), "deepcompile": True}
+        deepspeed = run_config(cfg, world, largest)
     run_dir = os.path.join(cfg.output_dir, run_id or "rank")
     # The arguments come before the model: with ZeRO-3 they make transformers load each weight straight
     # into its partition (on the CPU with parameter offload), across every rank. Loaded whole, the model
@@ -234,12 +283,14 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     batches = BatchLog(collator(tokenizer, cfg))
     timer = StepTimer(device, cfg.untimed_steps, batches)
     quality = Quality(the_plan.eval_rows, cfg.zero_stage == 3 and world > 1, reporter)
-    trainer = Trainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
-                      processing_class=tokenizer)
+    trainer = CheckpointTrainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
+                                processing_class=tokenizer)
     # The "before" answers come once the model is placed (under ZeRO-3, once the engine's hooks can fetch it).
     curve = tracking.Curve(run_id, cfg.tracking_uri) if run_id else None  # rank 0 records the run
-    trainer.add_callback(StepCallback(timer, Progress(timer, reporter), curve,
-                                      lambda: quality.score("before", trainer.model, tokenizer, cfg)))
+    callback = StepCallback(timer, Progress(timer, reporter), curve,
+                            lambda: quality.score("before", trainer.model, tokenizer, cfg), cfg.checkpoint_minutes)
+    trainer.add_callback(callback)
+    trainer.before_publish = [curve.write] if curve else []
     counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}
     return Session(cfg, device, world, run_id is not None, run_dir, trainer, the_plan, timer, deepspeed, counts,
                    quality, gputil_before, reporter)
@@ -267,7 +318,9 @@ def training_arguments(cfg: RunConfig, device: str, deepspeed: dict | None, run_
         optim="adamw_torch_fused" if cfg.torch_compile and device.startswith("cuda") else "adamw_torch",
         fp16=cfg.dtype == "fp16", bf16=cfg.dtype == "bf16", use_cpu=device == "cpu",
         logging_steps=cfg.logging_steps, logging_first_step=True, report_to="none",
-        save_strategy="steps" if cfg.checkpoint_steps else "no", save_steps=cfg.checkpoint_steps or 500,
+        # Steps, or the callback's clock (checkpoint_minutes); one checkpoint kept, written whole (CheckpointTrainer).
+        save_strategy="steps" if cfg.checkpoint_steps or cfg.checkpoint_minutes else "no",
+        save_steps=cfg.checkpoint_steps or 10**9, save_total_limit=1,
         deepspeed=deepspeed, ddp_backend="gloo" if device == "cpu" and deepspeed else None,
         disable_tqdm=quiet, dataloader_num_workers=0,
         # Batches copied from pinned memory without blocking: the host prepares the next step while the GPU works.
@@ -282,7 +335,7 @@ class Progress:
 
     def __call__(self, step: int, total: int, loss: float | None) -> None:
         self.reporter.step(step, total, loss)
-        start = next((m for m in self.timer.marks if m[1] == self.timer.untimed_steps), None)
+        start = next((m for m in self.timer.marks if m[1] == self.timer.timed_from), None)
         if not self.told and start and step > start[1] and step < total:
             per_step = (time.perf_counter() - start[0]) / (step - start[1])
             left = per_step * (total - step)
@@ -292,21 +345,26 @@ class Progress:
 
 
 class StepCallback(TrainerCallback):
-    """Counts micro-batches, times steps, passes the loss records to the curve and reports progress with the last
-    logged loss.
+    """Counts micro-batches, times steps, passes the loss records to the curve, reports progress with the last logged
+    loss, and asks for checkpoints by the clock.
 
-    The last step always logs its loss, as dsnb's compiled loop does, so a run's final loss means the same in
-    both loops whatever logging_steps is. A checkpoint writes the curve held so far: a run killed after it and
-    resumed from it has every step's loss in MLflow.
+    The last step always logs its loss, as dsnb's compiled loop does, so a run's final loss means the same in both
+    loops whatever logging_steps is; it is never checkpointed (the run saves its model next, and a checkpoint of the
+    last step would leave a resume nothing to train). A checkpoint writes the curve held so far (CheckpointTrainer): a
+    run killed after it and resumed from it has every step's loss in MLflow. The time a checkpoint takes is left out
+    of the throughput.
     """
 
-    def __init__(self, timer, report, curve, begin):
+    def __init__(self, timer, report, curve, begin, checkpoint_minutes: float = 0.0):
         self.timer, self.report, self.curve, self.begin, self.loss = timer, report, curve, begin, None
+        self.every_s, self.saved_at, self.saving = checkpoint_minutes * 60, time.monotonic(), None
+        self.losses: dict[int, float] = {}  # every logged step's loss (a resumed run's earlier ones too)
 
     def on_train_begin(self, args, state, control, **kw):
         if not state.global_step:  # a resumed run starts mid-way, past "before"
             self.begin()
         self.timer.mark(state.global_step)
+        self.saved_at = time.monotonic()
 
     def on_substep_end(self, args, state, control, **kw):
         self.timer.consume()
@@ -315,17 +373,43 @@ class StepCallback(TrainerCallback):
         self.timer.consume()
         self.timer.mark(state.global_step)
         self.report(state.global_step, state.max_steps, self.loss)
+        if self.every_s and time.monotonic() - self.saved_at >= self.every_s:
+            control.should_save = True
         if state.global_step >= state.max_steps:
-            control.should_log = True
+            control.should_log, control.should_save = True, False
+        if control.should_save:
+            self.saving = time.perf_counter()
 
     def on_log(self, args, state, control, logs=None, **kw):
         self.loss = (logs or {}).get("loss", self.loss)
+        if "loss" in (logs or {}):
+            self.losses[state.global_step] = logs["loss"]
         if self.curve:
             self.curve(state.global_step, logs or {})
 
     def on_save(self, args, state, control, **kw):
-        if self.curve:
-            self.curve.write()
+        if self.saving is not None:
+            self.timer.exclude(time.perf_counter() - self.saving)
+            self.saving = None
+        self.saved_at = time.monotonic()
+
+
+def checkpoint_step(checkpoint: str) -> int:
+    """The optimizer step a checkpoint folder holds (its trainer_state.json)."""
+    import json
+
+    with open(os.path.join(checkpoint, "trainer_state.json")) as f:
+        return int(json.load(f)["global_step"])
+
+
+def mean_loss(losses: dict[int, float]) -> float:
+    """The mean loss over every step from the logged records: each is its window's mean (the steps since the record
+    before), so the records weighted by their windows add up to every step's loss, as the Trainer's train_loss does."""
+    steps, total, last = sorted(losses), 0.0, 0
+    for step in steps:
+        total += losses[step] * (step - last)
+        last = step
+    return total / last if last else float("nan")
 
 
 def record_start(s: Session, checkpoint: str | None) -> None:
@@ -353,7 +437,11 @@ def fit(s: Session, checkpoint: str | None) -> dict:
             raw = train_compiled(s.trainer, s.cfg, s.timer, callback.report,
                                  callback.curve or (lambda step, logs: None), callback.begin)
         else:
+            if checkpoint and callback.curve:  # the steps before the checkpoint, as the store holds them
+                callback.losses.update(callback.curve.history(checkpoint_step(checkpoint)))
             raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
+            if checkpoint:  # the Trainer's own train_loss covers only the steps this process trained
+                raw["train_loss"] = mean_loss(callback.losses)
         # Samples the loop consumed, in either loop (the Trainer's own figure counts steps x batch_size x grad_accum:
         # rows with padding filled, and a short last batch as a full one).
         samples, _ = s.timer.batches.totals(s.timer.consumed)
@@ -399,8 +487,8 @@ def record_end(s: Session, metrics: dict, params: dict) -> None:
         tracking.log_json(s.quality.table(), "answers.json")
     if s.deepspeed is not None:
         tracking.log_json(s.trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config, "deepspeed_config.json")
-    if s.cfg.torch_compile and os.path.isfile(os.environ.get("DSNB_PROFILE", "")):
-        mlflow.log_artifact(os.environ["DSNB_PROFILE"])
+    if s.cfg.profile and os.path.isfile(s.cfg.profile):
+        mlflow.log_artifact(s.cfg.profile)
 
 
 def save(s: Session) -> None:

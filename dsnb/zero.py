@@ -1,13 +1,18 @@
-"""DeepSpeed configs as pure functions of a RunConfig (no I/O), checked against golden JSON files.
+"""DeepSpeed configs: pure functions of a RunConfig, checked against golden JSON files, and the reader of your own.
 
     zero_section(2, offload_optimizer="cpu")
     # -> {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
-    deepspeed_config(cfg, world_size=1)        # the whole config handed to TrainingArguments(deepspeed=...)
+    deepspeed_config(cfg, world_size=1)        # the whole config dsnb builds
+    run_config(cfg, world_size=1)              # what a run hands to TrainingArguments(deepspeed=...): ds_config_path's
+                                               # JSON (read and checked) or the built one, DeepCompile on where asked
 
 Values the HF Trainer owns (learning rate, betas, clipping) stay "auto" here; the Trainer fills them
 in at run time and dsnb logs that resolved config with the run.
 """
 from __future__ import annotations
+
+import json
+import os
 
 from .config import ConfigError, RunConfig
 
@@ -94,3 +99,45 @@ def check_batch_sizes(config: dict, cfg: RunConfig, world_size: int = 1) -> None
                 f"batch_size={cfg.batch_size}, "
                 f"grad_accum={cfg.grad_accum} "
                 f"on {world_size} device(s) give {value}; set it to {value} or \"auto\"")
+
+
+def run_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 0) -> dict:
+    """The DeepSpeed config a ZeRO run uses: ds_config_path's JSON or the built one, with DeepCompile on where asked."""
+    config = read_ds_config(cfg, world_size) if cfg.ds_config_path else deepspeed_config(cfg, world_size,
+                                                                                          largest_weight)
+    if deepcompile_asked(cfg, config):
+        config["compile"] = {**config.get("compile", {}), "deepcompile": True}
+    return config
+
+
+def deepcompile_asked(cfg: RunConfig, config: dict) -> bool:
+    """Whether a compiled ZeRO run goes through DeepCompile: the deepcompile field, or the DeepSpeed config says so."""
+    return cfg.torch_compile and (cfg.deepcompile or bool((config.get("compile") or {}).get("deepcompile")))
+
+
+def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
+    """The user's own DeepSpeed JSON (ds_config_path), checked against the run's batch sizes and precision."""
+    path = cfg.ds_config_path
+    if not os.path.isfile(path):
+        raise ConfigError(f"ds_config {path!r} does not exist; give a DeepSpeed JSON file or leave it empty")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"ds_config {path} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"ds_config {path} must hold a JSON object of DeepSpeed settings, not a "
+                          f"{type(config).__name__}")
+    check_batch_sizes(config, cfg, world_size)
+    check_precision(config, cfg)
+    return config
+
+
+def check_precision(config: dict, cfg: RunConfig) -> None:
+    """A user's fp16/bf16 sections agree with the run's dtype ("auto" takes it from the run)."""
+    for section, dtype in (("fp16", "fp16"), ("bf16", "bf16")):
+        part = config.get(section, {})
+        enabled = part.get("enabled", "auto") if isinstance(part, dict) else part
+        if enabled != "auto" and bool(enabled) != (cfg.dtype == dtype):
+            raise ConfigError(f"ds_config {cfg.ds_config_path}: {section}.enabled is {enabled!r} but the run's dtype "
+                              f"is {cfg.dtype}; set it to {cfg.dtype == dtype} or \"auto\", or change dtype")

@@ -78,10 +78,10 @@ YAML_DOCS = st.one_of(
 @FUZZ
 @given(YAML_DOCS)
 def test_run_yaml(tmp_path_factory, doc):
-    from dsnb.config import read_yaml
+    from dsnb.config import read_fields
 
     path = write(tmp_path_factory.mktemp("y") / "run.yaml", doc)
-    valid(outcome(lambda: RunConfig.layered(read_yaml(path), offline=True), [path] + FIELDS))
+    valid(outcome(lambda: RunConfig.layered(read_fields(path), offline=True), [path] + FIELDS))
 
 
 SWEEPS = st.fixed_dictionaries({}, optional={

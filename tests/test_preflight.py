@@ -96,7 +96,7 @@ def test_bf16_is_refused_below_compute_capability_8(monkeypatch):
 
 
 def test_deepcompile_is_refused_on_the_cpu_by_either_switch(tmp_path, monkeypatch):
-    """DeepCompile builds a CUDA op: asked for by DSNB_DEEPCOMPILE or by the user's own DeepSpeed JSON, a CPU run
+    """DeepCompile builds a CUDA op: asked for by the deepcompile field or by the user's own DeepSpeed JSON, a CPU run
     stops before loading, saying what to change; the same run without it passes."""
     import json
 
@@ -106,19 +106,19 @@ def test_deepcompile_is_refused_on_the_cpu_by_either_switch(tmp_path, monkeypatc
 
     cfg = RunConfig(**dict(OFFLINE, strategy="zero3", quantization="none", padding="bucket", torch_compile=True,
                            tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
-    monkeypatch.delenv("DSNB_DEEPCOMPILE", raising=False)
     check(cfg, "cpu")
-    monkeypatch.setenv("DSNB_DEEPCOMPILE", "1")
-    with pytest.raises(ConfigError, match="DeepCompile needs a CUDA GPU.*unset DSNB_DEEPCOMPILE"):
-        check(cfg, "cpu")
-    monkeypatch.delenv("DSNB_DEEPCOMPILE")
+    with pytest.raises(ConfigError, match="DeepCompile needs a CUDA GPU.*set deepcompile false"):
+        check(cfg.replace(deepcompile=True), "cpu")
     own = tmp_path / "ds.json"
     own.write_text(json.dumps({**deepspeed_config(cfg), "compile": {"deepcompile": True}}))
     with pytest.raises(ConfigError, match="take compile.deepcompile out of ds_config_path's JSON"):
         check(cfg.replace(ds_config_path=str(own)), "cpu")
-    monkeypatch.setenv("DSNB_DEEPCOMPILE", "1")  # with parameters in CPU RAM it failed on the H200: refused first
+    # with parameters in CPU RAM it failed on the H200: refused first
     with pytest.raises(ConfigError, match="DeepCompile with offload_param cpu failed on the H200.*offload_param none"):
-        check(cfg.replace(offload_param="cpu", offload_optimizer="cpu"), "cpu")
+        check(cfg.replace(offload_param="cpu", offload_optimizer="cpu", deepcompile=True), "cpu")
+    monkeypatch.setenv("DSNB_DEEPCOMPILE", "1")  # the switch it replaced is named, not ignored
+    with pytest.raises(ConfigError, match="DSNB_DEEPCOMPILE is no longer read: set the run-config field deepcompile"):
+        check(cfg, "cpu")
 
 
 def test_deepcompile_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, monkeypatch):
@@ -132,12 +132,10 @@ def test_deepcompile_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, m
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     cfg = RunConfig(**dict(OFFLINE, strategy="zero3", quantization="none", padding="bucket", torch_compile=True,
-                           tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
-    monkeypatch.setenv("DSNB_DEEPCOMPILE", "1")
+                           tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", deepcompile=True))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     check(cfg, "cuda")
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
     with pytest.raises(ConfigError, match="TORCH_CUDA_ARCH_LIST holds '9.0a'.*DeepCompile.*TORCH_CUDA_ARCH_LIST=9.0"):
         check(cfg, "cuda")
-    monkeypatch.delenv("DSNB_DEEPCOMPILE")
-    check(cfg, "cuda")  # without DeepCompile nothing is built: no refusal
+    check(cfg.replace(deepcompile=False), "cuda")  # without DeepCompile nothing is built: no refusal

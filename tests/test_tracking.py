@@ -3,6 +3,7 @@ import os
 import signal
 import socket
 import subprocess
+import json
 import sys
 import time
 import urllib.request
@@ -11,7 +12,7 @@ import zipfile
 import mlflow
 import pytest
 
-from dsnb.config import OFFLINE, RunConfig
+from dsnb.config import OFFLINE, ConfigError, RunConfig
 from dsnb.tracking import create_run, export_store, mlflow_client
 
 pytestmark = pytest.mark.integration
@@ -71,7 +72,7 @@ def test_export_reads_back_elsewhere_and_never_overwrites(workdir, monkeypatch):
     done = dsnb("run", "--offline", "--max_steps", "2", "--run_name", "exported", cwd=workdir)
     assert done.returncode == 0, done.stderr[-2000:]
     export_store(uri, str(workdir / "store.zip"))
-    with pytest.raises(FileExistsError):
+    with pytest.raises(ConfigError, match="already exists"):
         export_store(uri, str(workdir / "store.zip"))
     elsewhere = workdir / "elsewhere"
     zipfile.ZipFile(workdir / "store.zip").extractall(elsewhere)
@@ -101,50 +102,73 @@ def test_a_run_left_running_by_a_killed_process_is_marked_on_next_start(workdir)
     assert client.get_run(mine).info.status == "RUNNING"  # this process is alive: its run is left alone
 
 
+def test_a_store_is_created_whole_even_when_stopped_while_creating_it(workdir):
+    """SIGTERM while MLflow creates a new store's tables (the first seconds of a first run): the next run on the same
+    store works, and the message says that nothing had started."""
+    child = subprocess.Popen([sys.executable, "-m", "dsnb", "compare", "--offline", "--max_steps", "1"], cwd=workdir,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while child.poll() is None and not list(workdir.glob("mlflow.db.creating-*")):
+        time.sleep(0.01)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err[-2000:]
+    assert "before any variant started training; no run was recorded" in err and "recorded KILLED" not in err
+    assert not list(workdir.glob("mlflow.db.creating-*"))  # nothing half-made left beside it
+    done = dsnb("run", "--offline", "--max_steps", "1", "--eval_samples", "0", "--save_model", "false", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert run.info.status == "FINISHED"
+
+
+def test_a_half_made_store_is_named_with_what_to_do(workdir):
+    """A store left half-migrated (by an older dsnb, or MLflow itself killed mid-way) is refused in one line."""
+    import sqlite3
+
+    with sqlite3.connect(workdir / "mlflow.db") as con:
+        con.execute("CREATE TABLE experiments (experiment_id INTEGER)")
+        con.execute("CREATE TABLE _alembic_tmp_experiments (experiment_id INTEGER)")
+    done = dsnb("run", "--offline", "--max_steps", "1", cwd=workdir)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "creation was interrupted" in done.stderr and "mv mlflow.db mlflow.db.broken" in done.stderr
+
+
+def test_credentials_in_a_server_uri_pass_the_check_and_are_never_shown(workdir, mlflow_server):
+    """http://user:TOKEN@host: the health check sends them as basic auth, MLflow gets them as its documented
+    variables, and no message, log, parameter or artifact holds the token."""
+    uri = mlflow_server.replace("http://", f"http://dsnb-user:{SECRET}@")
+    done = dsnb("run", "--offline", "--max_steps", "2", "--tracking_uri", uri, "--run_name", "credentialed",
+                cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert SECRET not in done.stdout + done.stderr
+    client = mlflow.MlflowClient(mlflow_server)
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["tracking_uri"].startswith("http://***@")
+    assert SECRET not in json.dumps([run.data.params, run.data.tags])
+    client.download_artifacts(run.info.run_id, "", str(workdir / "downloaded"))
+    assert searched_clean(workdir) > 5  # the server's store, its artifacts and what was downloaded from it
+    refused = dsnb("check", "--offline", "--tracking_uri", uri.replace(str(mlflow_server.rsplit(":", 1)[1]), "9"),
+                   cwd=workdir)
+    assert refused.returncode == 2 and "does not answer" in refused.stderr and SECRET not in refused.stderr
+    assert "http://***@127.0.0.1:9" in refused.stderr
+
+
 def test_no_secret_from_the_environment_reaches_the_store(workdir):
     env = {**os.environ, "HF_TOKEN": SECRET, "MLFLOW_TRACKING_PASSWORD": SECRET, "AWS_SECRET_ACCESS_KEY": SECRET}
     done = dsnb("compare", "--offline", "--max_steps", "2", "--repeats", "1", cwd=workdir, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert searched_clean(workdir) > 10  # the store, the logs and the artifacts were all there to search
+
+
+def searched_clean(folder) -> int:
+    """How many files under folder were searched; fails on the first that holds SECRET."""
     checked = 0
-    for folder, _, files in os.walk(workdir):
+    for root, _, files in os.walk(folder):
         for name in files:
-            with open(os.path.join(folder, name), "rb") as f:
-                assert SECRET.encode() not in f.read(), os.path.join(folder, name)
+            with open(os.path.join(root, name), "rb") as f:
+                assert SECRET.encode() not in f.read(), os.path.join(root, name)
             checked += 1
-    assert checked > 10  # the store, the logs and the artifacts were all there to search
-
-
-def test_resume_continues_a_killed_zero2_run_into_the_same_run(workdir):
-    flags = ["--offline", "--strategy", "zero2", "--max_steps", "6", "--checkpoint_steps", "2", "--logging_steps", "1",
-             "--run_name", "resumable", "--save_model", "false"]
-    child = subprocess.Popen([sys.executable, "-m", "dsnb", "run", *flags], cwd=workdir,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client, run = None, None
-    while child.poll() is None:  # kill it hard once step 2's loss is in: the curve is written at each checkpoint
-        if run is None and (workdir / "mlflow.db").exists():
-            client = mlflow_client(f"sqlite:///{workdir}/mlflow.db")  # dsnb's lock: no race with its table set-up
-            exp = client.get_experiment_by_name("DeepSpeed_Comparison")
-            run = next(iter(client.search_runs([exp.experiment_id]) if exp else []), None)
-        if run is not None and any(m.step >= 2 for m in client.get_metric_history(run.info.run_id, "loss")):
-            child.kill()
-            break
-        time.sleep(0.1)
-    child.wait()
-    assert child.returncode < 0
-    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
-    assert run.info.status == "RUNNING"
-    done = dsnb("run", *flags, "--resume", cwd=workdir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [after] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
-    assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
-    assert after.data.tags["resumed_from"].endswith("checkpoint-2")
-    history = client.get_metric_history(run.info.run_id, "loss")
-    assert sorted({m.step for m in history}) == [1, 2, 3, 4, 5, 6]
-    # Killed once checkpoint-2 had written steps 1-2; step 3's loss, held for the next write, went with the process;
-    # the resumed run logged 3-6 (a restart would log 8 or more).
-    assert len(history) == 6
-    again = dsnb("run", *flags, "--resume", cwd=workdir)
-    assert again.returncode == 2 and "nothing to resume" in again.stderr
+    return checked
 
 
 def test_two_sweeps_writing_one_store_at_once_lose_nothing(workdir):

@@ -72,16 +72,15 @@ def test_fast_recipe_keeps_the_math(tmp_path):
 
 def test_compiled_loop_keeps_the_trainers_math(tmp_path, monkeypatch):
     """dsnb's compiled loop (bucket or packed batches, 2 x 2 accumulation) logs the Trainer's loss curve, and so do
-    filled rows in both loops; DSNB_PROFILE writes one step's profile."""
+    filled rows in both loops; the profile field writes one step's profile."""
     profile = tmp_path / "step.txt"
-    monkeypatch.setenv("DSNB_PROFILE", str(profile))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
                   grad_accum=2, num_samples=4, eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False,
                   tracking_uri=uri)  # every step sees the same 4 samples: the loss must fall
     trainer = RunConfig(**common, run_name="trainer")
-    compiled = trainer.replace(torch_compile=True, run_name="compiled")
-    packed = compiled.replace(padding="packed", run_name="packed")
+    compiled = trainer.replace(torch_compile=True, run_name="compiled", profile=str(profile))
+    packed = compiled.replace(padding="packed", run_name="packed", profile="")
     # filled: the 4 samples in 2 rows made before training, a row a micro-batch, in the Trainer and compiled (a
     # batch completed by padding rows: tests/test_data.py, with the padded batch's loss)
     filled = trainer.replace(padding="filled", batch_size=1, run_name="filled")
@@ -116,10 +115,8 @@ def test_compiled_deepspeed_keeps_the_trainers_math(tmp_path, monkeypatch):
     plain = RunConfig(**common, run_name="plain")
     cfgs = [zero2, zero2.replace(torch_compile=True, run_name="zero2_compiled"), zero3,
             zero3.replace(torch_compile=True, run_name="zero3_compiled"), plain]
+    cfgs.append(plain.replace(torch_compile=True, loss_scale=True, run_name="scaled"))
     results = {r.name: r for r in run_all(cfgs, progress=False)}
-    monkeypatch.setenv("DSNB_LOSS_SCALE", "1")
-    results.update({r.name: r for r in run_all([plain.replace(torch_compile=True, run_name="scaled")],
-                                                progress=False)})
     assert {r.status for r in results.values()} == {"FINISHED"}, results
     curve = {name: loss_curve(uri, r.run_id) for name, r in results.items()}
     for name in ("zero2", "zero3", "plain"):
@@ -266,9 +263,8 @@ def test_cuda_graphs_only_where_deepspeed_copies_gradients_out(monkeypatch, stag
     import subprocess
     import sys
 
-    from dsnb.loop import GRAPHS_ENV, graphs_under_zero
+    from dsnb.loop import graphs_under_zero
 
-    monkeypatch.delenv(GRAPHS_ENV, raising=False)
     done = subprocess.run([sys.executable, "-c", GRAD_KEPT, str(stage), "1" if contiguous else "0", str(bucket)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -292,8 +288,7 @@ deepspeed_env("cpu")
 import deepspeed, torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from dsnb import loop
-from dsnb.loop import flat_zero_step
+from dsnb import flat_step
 
 class Reads(TorchDispatchMode):
     def __init__(self):
@@ -324,7 +319,7 @@ def engine(stage, accum, flat, extra=None, zero_extra=None):
                                     **(zero_extra or {})}, **(extra or {})}
     e, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(groups, lr=1e-2, fused=True),
                                  config=config)  # fused, as the Trainer builds it
-    return e, flat and flat_zero_step(e)
+    return e, flat and flat_step.take_over(e)
 
 def step(e, micro, reads=None):
     for i, x in enumerate(micro):
@@ -344,7 +339,7 @@ def state(e):
 out = {}
 for stage in (1, 2):
     for accum in (1, 2):
-        loop.NORM_CHUNK = 100 if accum == 2 else 1 << 26  # the norm summed over several chunks, or one
+        flat_step.NORM_CHUNK = 100 if accum == 2 else 1 << 26  # the norm summed over several chunks, or one
         (ds, _), (own, took) = engine(stage, accum, False), engine(stage, accum, True)
         gen = torch.Generator().manual_seed(1)
         same = True
@@ -371,7 +366,7 @@ for stage in (1, 2):
 # a setting the flat step does not reproduce (DeepSpeed allows it without reduce_scatter only)
 out["predivide"] = engine(2, 1, True, {"gradient_predivide_factor": 2.0}, {"reduce_scatter": False})[1]
 out["deepcompile"] = engine(2, 1, True, {"compile": {"deepcompile": True}})[1]  # it takes the gradients itself
-loop.FLAT_STEP_DEEPSPEED = ("0.0.0",)
+flat_step.FLAT_STEP_DEEPSPEED = ("0.0.0",)
 out["other_version"] = engine(2, 1, True)[1]
 print(json.dumps(out))
 torch.distributed.destroy_process_group()
@@ -381,14 +376,12 @@ torch.distributed.destroy_process_group()
 def test_the_flat_zero_step_takes_deepspeeds_steps_without_a_host_read():
     """dsnb's flat ZeRO-1/2 step (one process, bf16) makes DeepSpeed's updates bit for bit, through accumulation and
     a NaN gradient, without reading anything back to the host, and, at ZeRO-2, leaves no gradient of a backward
-    alive, so the compiled step may accumulate under CUDA graphs (dsnb/loop.py::flat_zero_step, graphs_under_zero)."""
+    alive, so the compiled step may accumulate under CUDA graphs (dsnb/flat_step.py::take_over,
+    dsnb/loop.py::graphs_under_zero)."""
     import subprocess
     import sys
 
-    from dsnb.loop import FLAT_STEP_ENV
-
-    env = {k: v for k, v in os.environ.items() if k != FLAT_STEP_ENV}
-    done = subprocess.run([sys.executable, "-c", FLAT], capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run([sys.executable, "-c", FLAT], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     cases = json.loads(done.stdout.strip().splitlines()[-1])
     for refused in ("predivide", "deepcompile", "other_version"):  # DeepSpeed's own step there
@@ -403,17 +396,13 @@ def test_the_flat_zero_step_takes_deepspeeds_steps_without_a_host_read():
 
 def test_the_flat_step_runs_in_dsnbs_compiled_zero2_and_keeps_its_curve(tmp_path, monkeypatch):
     """Through dsnb's own run (LoRA, bf16, ZeRO-2 compiled, two micro-batches a step): the flat step is taken and
-    recorded (metric zero_flat_step), DSNB_FLAT_STEP=0 keeps DeepSpeed's own, and the two loss curves agree."""
-    from dsnb.loop import FLAT_STEP_ENV
-
+    recorded (metric zero_flat_step), zero_flat_step false keeps DeepSpeed's own, and the two loss curves agree."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = RunConfig(**dict(OFFLINE, quantization="none", dtype="bf16", strategy="zero2", torch_compile=True,
                            max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2, grad_accum=2, num_samples=4,
                            eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False, tracking_uri=uri))
-    monkeypatch.delenv(FLAT_STEP_ENV, raising=False)
-    [flat] = run_all([cfg.replace(run_name="flat")], progress=False)
-    monkeypatch.setenv(FLAT_STEP_ENV, "0")
-    [stock] = run_all([cfg.replace(run_name="stock")], progress=False)
+    flat, stock = run_all([cfg.replace(run_name="flat"), cfg.replace(run_name="stock", zero_flat_step=False)],
+                          progress=False)
     assert flat.status == stock.status == "FINISHED", (flat, stock)
     assert flat.metrics["zero_flat_step"] == 1 and stock.metrics["zero_flat_step"] == 0
     curve = {r.name: loss_curve(uri, r.run_id) for r in (flat, stock)}

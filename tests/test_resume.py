@@ -1,0 +1,105 @@
+"""Checkpoints and --resume: a run killed at any moment of its life resumes into the same MLflow run, and what it
+records means what a run that was never stopped records."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import mlflow
+import pytest
+
+from dsnb.config import OFFLINE, ConfigError, RunConfig
+from dsnb.report import loss_curve
+from dsnb.tracking import create_run, finish, mlflow_client, resumable_run
+from dsnb.train import mean_loss
+
+pytestmark = pytest.mark.integration
+FLAGS = ["--offline", "--strategy", "zero2", "--quantization", "none", "--max_steps", "8", "--checkpoint_steps", "2",
+         "--logging_steps", "1", "--eval_samples", "0", "--save_model", "false", "--run_name", "killed"]
+# `python -m dsnb` with a SIGKILL planted at one moment of one checkpoint's life: while it is written (in the middle of
+# the Trainer's own writing: its RNG state), or just after it is published (renamed into place, curve written).
+KILLER = r"""
+import os, signal, sys
+import transformers.trainer as hf
+from dsnb import train
+from dsnb.cli import main
+moment, step = sys.argv[1], int(sys.argv[2])
+def die(): os.kill(os.getpid(), signal.SIGKILL)
+if moment == "while_writing":
+    write = hf.Trainer._save_rng_state
+    def planted(self, *args, **kwargs):
+        if self.state.global_step == step:
+            die()
+        return write(self, *args, **kwargs)
+    hf.Trainer._save_rng_state = planted
+else:
+    save = train.CheckpointTrainer._save_checkpoint
+    def planted(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        if self.state.global_step == step:
+            die()
+    train.CheckpointTrainer._save_checkpoint = planted
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def dsnb(*args, cwd, kill=None):
+    command = [sys.executable, "-c", KILLER, *kill, *args] if kill else [sys.executable, "-m", "dsnb", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+def the_run(workdir):
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    return client, run
+
+
+def test_a_run_killed_while_writing_and_after_a_checkpoint_resumes_to_a_true_record(workdir):
+    killed = dsnb("run", *FLAGS, cwd=workdir, kill=["while_writing", "4"])
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    folder = next((workdir / "runs").iterdir())
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-2"]
+    # the half-written checkpoint-4 sits in the staging folder, where no reader looks for a checkpoint
+    again = dsnb("run", *FLAGS, "--resume", cwd=workdir, kill=["after_publishing", "6"])
+    assert again.returncode == -9, again.stderr[-2000:]
+    client, run = the_run(workdir)
+    assert run.data.tags["resumed_from"].endswith("checkpoint-2")
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-6"]
+    assert max(loss_curve(client, run.info.run_id)[0]) >= 6  # the curve went to MLflow before checkpoint-6 showed
+
+    done = dsnb("run", *FLAGS, "--resume", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    client, after = the_run(workdir)
+    assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
+    assert after.data.tags["resumed_from"].endswith("checkpoint-6")
+    steps, losses = loss_curve(client, after.info.run_id)
+    assert steps == list(range(1, 9))  # every step once, however often the runs before wrote it
+    metrics = after.data.metrics
+    assert metrics["train_loss"] == pytest.approx(mean_loss(dict(zip(steps, losses, strict=True))), rel=1e-6)
+    assert 5 < metrics["train_loss"] < 7  # a random tiny model's loss: log(420) is 6.0
+    assert metrics["samples_per_second"] > 0 and metrics["timed_steps"] == 1  # steps 7-8, the first untimed
+    assert metrics["peak_cpu_rss_mb"] > 100
+    nothing = dsnb("run", *FLAGS, "--resume", cwd=workdir)
+    assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr
+
+
+def test_a_checkpoint_of_the_last_step_leaves_nothing_to_train_and_the_record_stands(workdir):
+    """A checkpoint that holds every step (dsnb never writes one, older versions did) must not turn into a FINISHED
+    run with a zero-length run's numbers."""
+    cfg = RunConfig.layered(dict(OFFLINE, max_steps=4, checkpoint_steps=2, run_name="done-training"))
+    run_id = create_run(cfg)
+    client = mlflow_client(cfg.tracking_uri)
+    client.log_metric(run_id, "loss", 6.05, step=4)
+    finish(run_id, cfg.tracking_uri, "KILLED")
+    checkpoint = workdir / "runs" / run_id / "checkpoint-4"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4, "max_steps": 4}))
+    with pytest.raises(ConfigError, match="had trained all 4 steps.*nothing is left to train.*stay as they are"):
+        resumable_run(cfg)
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and "train_loss" not in run.data.metrics
+    shutil.rmtree(checkpoint)
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        resumable_run(cfg)
+    assert os.listdir(workdir / "runs" / run_id) == []
