@@ -332,9 +332,9 @@ def cmd_export(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from .tracking import ui_command
+    from .tracking import existing_store, ui_command
 
-    print(ui_command(args.tracking_uri))
+    print(ui_command(existing_store(args.tracking_uri)))
     print("This binds to 127.0.0.1 only: the MLflow UI has no login. Reach it from elsewhere through an SSH tunnel.")
     return 0
 

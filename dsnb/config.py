@@ -25,8 +25,9 @@ QUANTIZATIONS = ("none", "8bit", "4bit")
 DTYPES = ("fp32", "bf16", "fp16")
 PADDINGS = ("max_length", "longest", "bucket", "packed", "filled")
 ATTENTIONS = ("sdpa", "flex")
-PROMPTS = ("eos", "tutorial", "chat")
+PROMPTS = ("passage", "eos", "tutorial", "chat")
 RAM_CHECKS = ("refuse", "warn")
+SCORINGS = ("auto", "squad", "korquad")
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 
 # The offline default (no GPU, no hub): a few-MB Llama, the synthetic SQuAD-format set and a short
@@ -49,6 +50,15 @@ RENAMED = {
 }
 INT_MAX = 2**31 - 1  # torch and the tokenizers take sizes and counts as 32-bit integers
 SEED_MAX = 2**32 - 1  # numpy's seed range, which transformers' set_seed goes through
+
+
+# The fields that do not change what is trained or asked: how it is run (DeepSpeed, compiling, attention kernels),
+# measured, kept and named. Every other field sets the work, and same_work compares it (a new field does, by default).
+NOT_WORK = ("preset", "strategy", "offload_optimizer", "offload_param", "nvme_path", "ds_config_path", "torch_compile",
+            "cuda_graphs", "zero_flat_step", "deepcompile", "loss_scale", "attention", "logging_steps",
+            "checkpoint_steps", "checkpoint_minutes", "untimed_steps", "profile", "memory_budget_gb", "ram_budget_gb",
+            "host_ram_check", "repeats", "results_folder", "tracking_uri", "experiment", "run_name", "save_model",
+            "output_dir")
 
 
 class ConfigError(ValueError):
@@ -103,7 +113,8 @@ class RunConfig:
     ds_config_path: str = ""
     """Path to your own DeepSpeed JSON; replaces the built one (its batch sizes must agree)."""
     dataset: str = "squad"
-    """squad (hub), synthetic (offline), or a .json/.jsonl/.csv/.parquet file with SQuAD's fields."""
+    """squad (SQuAD 1.1 from the hub), korquad (KorQuAD 1.0, its Korean counterpart, from the hub), synthetic (offline),
+    or a .json/.jsonl/.csv/.parquet file with SQuAD's fields (the official nested SQuAD/KorQuAD JSON too)."""
     num_samples: int = 1000
     """Samples taken from the start of the train split."""
     padding: str = "max_length"
@@ -111,10 +122,13 @@ class RunConfig:
     the next multiple of 64 tokens (few shapes, for torch_compile); packed puts batch_size samples end to end in rows
     of max_length tokens (no padding between them); filled fills rows of max_length tokens before training with as
     many samples as fit (best fit, longest first), and batch_size then counts rows: the samples a step vary."""
-    prompt: str = "eos"
-    """Training text: eos is the tutorial's "질문: ...\\n답변: ..." ending in the tokenizer's end-of-sequence token
-    (so a generated answer stops); tutorial is the tutorial's text exactly (no end token); chat applies the model's own
-    chat template."""
+    prompt: str = "passage"
+    """Training and question text. passage: reading comprehension, SQuAD's task: "본문: <the passage>\\n질문:
+    ...\\n답변: ..." and the end-of-sequence token, so held-out scores measure what training can teach (dsnb's
+    default; the passage's end is cut where a sample would exceed max_length). Closed-book, as the tutorial trains (its
+    held-out scores measure the model's prior knowledge; a recall score on trained questions shows what it learned):
+    eos, the tutorial's "질문: ...\\n답변: ..." and the end token; tutorial, that text exactly (no end token: answers
+    do not stop); chat, the model's own chat template."""
     max_length: int = 512
     """Truncation length in tokens (also the padded length when padding is max_length, and the row length when it is
     packed or filled)."""
@@ -145,8 +159,13 @@ class RunConfig:
     packed rows where no sample meets another (needs padding packed or filled, torch_compile true, strategy baseline
     and a GPU; measured on an H200)."""
     eval_samples: int = 64
-    """Held-out questions answered greedily before and after training, scored with SQuAD's exact match and F1
-    (SQuAD's validation split; offline, synthetic questions no training row holds); 0 skips it."""
+    """Held-out questions answered greedily before and after training and scored (exact match, F1): drawn with a fixed
+    seed from the whole validation split (offline: synthetic questions no training row holds), the same for every
+    variant; with a closed-book prompt as many trained questions too (recall); 0 skips it."""
+    scoring: str = "auto"
+    """How answers are scored: squad (SQuAD v1.1's normalization, F1 over words), korquad (KorQuAD 1.0's: brackets and
+    quotes dropped, F1 over characters, so 서울에 against 서울 earns partial credit), or auto: korquad for questions
+    whose gold answer is Korean, squad for the rest."""
     learning_rate: float = 2e-4
     """Peak learning rate (linear decay after lr_warmup_steps)."""
     lr_warmup_steps: int = 0
@@ -205,7 +224,7 @@ class RunConfig:
         for name, allowed in (("strategy", STRATEGIES), ("offload_optimizer", OFFLOADS),
                               ("offload_param", OFFLOADS), ("quantization", QUANTIZATIONS),
                               ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS),
-                              ("host_ram_check", RAM_CHECKS), ("attention", ATTENTIONS)):
+                              ("host_ram_check", RAM_CHECKS), ("attention", ATTENTIONS), ("scoring", SCORINGS)):
             if getattr(self, name) not in allowed:
                 fail(name, f"is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
         self._check_ranges()
@@ -251,7 +270,7 @@ class RunConfig:
 
     def _check_texts(self):
         for name, hint in (("model", "a hub id, a local directory or synthetic:tiny"),
-                           ("dataset", "squad, synthetic or a data file"), ("tracking_uri", "sqlite:///mlflow.db"),
+                           ("dataset", "squad, korquad, synthetic or a data file"), ("tracking_uri", "sqlite:///mlflow.db"),
                            ("experiment", "a name such as DeepSpeed_Comparison"),
                            ("output_dir", "a folder such as runs")):
             if not getattr(self, name).strip():
@@ -510,6 +529,9 @@ def read_fields(path: str) -> dict:
 
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(RunConfig)]
+
+
+WORK_FIELDS = tuple(name for name in field_names() if name not in NOT_WORK)
 
 
 def field_docs() -> dict[str, str]:

@@ -10,74 +10,141 @@ that is a string rather than a list stop the run before any model loads, naming 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 
 from .config import ConfigError, RunConfig, describe
 
-PROMPT = "질문: {question}\n답변: {answer}"
+PROMPT = "질문: {question}\n답변: {answer}"  # the tutorial's closed-book text
+PASSAGE = "본문: {context}\n질문: {question}\n답변: {answer}"  # reading comprehension: SQuAD's task
+CLOSED_BOOK = ("eos", "tutorial", "chat")  # prompts without the passage: the answer must come from memory
 NO_ANSWER = "정답 없음"
 FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 HUB_SQUAD = "rajpurkar/squad"  # the canonical, namespaced id: datasets 5 refuses the bare "squad"
+# KorQuAD 1.0 (Korean SQuAD-format reading comprehension) for the Korean model the tutorial fine-tunes. Its hub
+# repository holds a loading script, which datasets 5 no longer runs; the hub's own Parquet conversion is read instead.
+HUB_DATASETS = {"squad": HUB_SQUAD, "korquad": "KorQuAD/squad_kor_v1"}
+HUB_REVISIONS = {"korquad": "refs/convert/parquet"}
+EVAL_SEED = 0  # draws the held-out questions: the same for every variant, run and seed
 
 
 def load_records(cfg: RunConfig, split: str = "train", n: int | None = None) -> list[dict]:
     """Validated rows: the first cfg.num_samples of the training data, or (split "eval") n held-out rows that no
-    training row holds: SQuAD's validation split, the rows of a file after the training ones, or synthetic
-    questions of the held-out kind. An "eval" split may hold fewer than n rows (none where a file has no more)."""
+    training row holds, drawn with a fixed seed (EVAL_SEED, the same for every variant and run) from the whole of
+    what is held out: SQuAD's (or KorQuAD's) validation split, the rows of a file after the training ones, or the
+    synthetic questions of the held-out kind. An "eval" split may hold fewer than n rows (none where a file has no
+    more)."""
     n = cfg.num_samples if n is None else n
+    held_out = split == "eval"
     if cfg.dataset == "synthetic":
-        rows, where = synthetic_squad(n, held_out=split == "eval"), "synthetic"
-    elif cfg.dataset == "squad":
-        rows, where = hub_squad(n, "train" if split == "train" else "validation"), HUB_SQUAD
+        rows, where = synthetic_squad(72 if held_out else n, held_out=held_out), "synthetic"
+    elif cfg.dataset in HUB_DATASETS:
+        rows, where = hub_rows(cfg.dataset, None if held_out else n, "validation" if held_out else "train"), \
+            HUB_DATASETS[cfg.dataset]
     else:
-        rows, where = file_records(cfg.dataset, n, skip=cfg.num_samples if split == "eval" else 0)
+        rows, where = file_records(cfg.dataset, None if held_out else n, skip=cfg.num_samples if held_out else 0)
+    if held_out:  # a sample of the whole held-out part: SQuAD's validation split is ordered by article
+        chosen = sorted(random.Random(EVAL_SEED).sample(range(len(rows)), min(n, len(rows))))
+        rows = [rows[i] for i in chosen]
     return [normalize_row(row, where, i) for i, row in enumerate(rows)]
 
 
-def hub_squad(n: int, split: str = "train") -> list[dict]:
+def hub_rows(name: str, n: int | None, split: str = "train") -> list[dict]:
+    """The first n rows (all with None) of a split of SQuAD or KorQuAD 1.0 on the hub."""
     import datasets
 
+    hub_id, revision = HUB_DATASETS[name], HUB_REVISIONS.get(name)
     try:
-        rows = datasets.load_dataset(HUB_SQUAD, split=f"{split}[:{n}]")
+        rows = datasets.load_dataset(hub_id, split=split if n is None else f"{split}[:{n}]", revision=revision)
     except Exception as e:  # offline, blocked or renamed: all end the same way for the user
-        raise ConfigError(f"dataset 'squad' ({HUB_SQUAD}) could not be loaded from the hub ({describe(e)}); "
-                          "use dataset=synthetic or a local file") from None
+        raise ConfigError(f"dataset {name!r} ({hub_id}) could not be loaded from the hub ({describe(e)}); use "
+                          "dataset=synthetic, or a local file (the official SQuAD-format JSON works as it is)") \
+            from None
     return [dict(r) for r in rows]
 
 
-def file_records(path: str, n: int, skip: int = 0) -> tuple[list[dict], str]:
-    """Rows skip..skip+n of a local JSON/JSONL/CSV/Parquet file with SQuAD's fields (`answers`, or a plain
-    `answer`), and how to name the file in messages. With skip (held-out rows), fewer rows are no error."""
+def file_records(path: str, n: int | None, skip: int = 0) -> tuple[list[dict], str]:
+    """Rows skip..skip+n (to the end with None) of a local JSON/JSONL/CSV/Parquet file with SQuAD's fields
+    (`answers`, or a plain `answer`; the official nested SQuAD/KorQuAD JSON too), and how to name the file in
+    messages. With skip (held-out rows), fewer rows are no error."""
     kind = FILE_TYPES.get(os.path.splitext(path)[1].lower())
     if kind is None:
-        raise ConfigError(f"dataset {path!r} is not squad, synthetic, or a {'/'.join(FILE_TYPES)} file")
+        raise ConfigError(f"dataset {path!r} is not squad, korquad, synthetic, or a {'/'.join(FILE_TYPES)} file")
     if not os.path.isfile(path):
         raise ConfigError(f"dataset file {path!r} does not exist; check the path or use dataset=synthetic")
     if kind != "parquet":
         check_utf8(path)
-    import datasets
-
-    try:
-        rows = datasets.load_dataset(kind, data_files=path, split="train")
-    except Exception as e:
-        raise ConfigError(f"dataset file {path} could not be read as {kind} ({describe(e)})") from None
+    rows = read_file(path, kind)
     if len(rows) == 0:
         raise ConfigError(f"dataset file {path} holds no rows")
     missing = [c for c in ("question",) if c not in rows.column_names]
     if missing or not {"answers", "answer"} & set(rows.column_names):
         raise ConfigError(f"dataset file {path} needs columns question and answers (or answer); "
                           f"it has {', '.join(rows.column_names)}")
-    if not skip and n > len(rows):
+    if not skip and n is not None and n > len(rows):
         raise ConfigError(f"num_samples is {n} but {path} holds {len(rows)} rows; set num_samples <= {len(rows)}")
     if skip >= len(rows):  # no row after the training ones: nothing held out
         return [], f"dataset file {path}"
+    end = len(rows) if n is None else min(skip + n, len(rows))
     try:
-        return [dict(r) for r in rows.select(range(skip, min(skip + n, len(rows))))], f"dataset file {path}"
+        return [dict(r) for r in rows.select(range(skip, end))], f"dataset file {path}"
     except UnicodeDecodeError as e:  # a Parquet string column holding bytes that are not UTF-8
         raise ConfigError(f"dataset file {path} holds text that is not valid UTF-8 ({describe(e)}); "
                           "save it as UTF-8") from None
+
+
+def read_file(path: str, kind: str):
+    """A local data file as a datasets.Dataset (the official nested SQuAD JSON flattened first)."""
+    import datasets
+
+    nested = squad_articles(path) if kind == "json" else None
+    try:
+        with quiet_datasets():  # a local file's "Generating train split" bar tells nothing
+            return datasets.Dataset.from_list(nested) if nested is not None else \
+                datasets.load_dataset(kind, data_files=path, split="train")
+    except Exception as e:
+        raise ConfigError(f"dataset file {path} could not be read as {kind} ({describe(e)})") from None
+
+
+def squad_articles(path: str) -> list[dict] | None:
+    """The questions of an official SQuAD-format JSON file ({"data": [{"title", "paragraphs": [{"context", "qas"}]}]}),
+    flat, in the file's order; None for any other JSON (a list of rows, JSON lines)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            top = json.load(f)
+    except json.JSONDecodeError:  # JSON lines, or not JSON at all: datasets reads or refuses it
+        return None
+    if not isinstance(top, dict) or not isinstance(top.get("data"), list):
+        return None
+    rows = []
+    for article in top["data"]:
+        for paragraph in (article.get("paragraphs") or []) if isinstance(article, dict) else []:
+            for qa in paragraph.get("qas") or []:
+                answers = qa.get("answers") or []
+                rows.append({"id": str(qa.get("id", len(rows))), "title": article.get("title", ""),
+                             "context": paragraph.get("context", ""), "question": qa.get("question"),
+                             "answers": {"text": [a.get("text", "") for a in answers if isinstance(a, dict)],
+                                         "answer_start": [a.get("answer_start", -1) for a in answers
+                                                          if isinstance(a, dict)]}})
+    if not rows:
+        raise ConfigError(f"dataset file {path} is SQuAD-format JSON but holds no questions")
+    return rows
+
+
+@contextlib.contextmanager
+def quiet_datasets():
+    """datasets' progress bars off inside the block (as they were after it)."""
+    import datasets
+
+    was = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was:
+            datasets.enable_progress_bars()
 
 
 def check_utf8(path: str) -> None:
@@ -138,12 +205,20 @@ def format_prompt(row: dict) -> str:
 
 
 def prompt_parts(cfg: RunConfig, tokenizer, row: dict) -> tuple[list[int], list[int]]:
-    """(the prompt's tokens, the whole sample's tokens) of a row in cfg.prompt's format, untruncated.
+    """(the prompt's tokens, the whole sample's tokens) of a row in cfg.prompt's format.
 
-    tutorial: the tutorial's text exactly; eos: that text and the tokenizer's end-of-sequence token, so a
-    generated answer stops; chat: the model's own chat template (question as the user's turn, answer as the
-    assistant's). The loss covers the whole sample, as in the tutorial.
+    passage: the row's passage, its question and answer ("본문: ...\n질문: ...\n답변: ...") and the end-of-sequence
+    token, the passage's end cut where the whole would not fit max_length (the question and answer never are);
+    tutorial: the tutorial's closed-book text exactly; eos: that text and the end-of-sequence token, so a generated
+    answer stops; chat: the model's own chat template (question as the user's turn, answer as the assistant's). The
+    loss covers the whole sample, as in the tutorial; the closed-book prompts are cut at max_length by the caller.
     """
+    if cfg.prompt == "passage":
+        context = fitted_context(cfg, tokenizer, row)
+        fields = dict(context=context, question=row["question"])
+        prompt = tokenizer(PASSAGE.format(**fields, answer="").rstrip())["input_ids"]
+        whole = tokenizer(PASSAGE.format(**fields, answer=answer_text(row)))["input_ids"]
+        return prompt, whole + [tokenizer.eos_token_id]
     if cfg.prompt == "chat":
         if not tokenizer.chat_template:
             raise ConfigError(f"prompt is 'chat' but {cfg.model} has no chat template; use prompt eos")
@@ -155,6 +230,44 @@ def prompt_parts(cfg: RunConfig, tokenizer, row: dict) -> tuple[list[int], list[
     prompt = tokenizer(PROMPT.format(question=row["question"], answer="").rstrip())["input_ids"]
     whole = tokenizer(format_prompt(row))["input_ids"]
     return prompt, whole + ([tokenizer.eos_token_id] if cfg.prompt == "eos" else [])
+
+
+def passage_tokens(tokenizer, row: dict, context: str) -> int:
+    fields = dict(context=context, question=row["question"], answer=answer_text(row))
+    return len(tokenizer(PASSAGE.format(**fields))["input_ids"]) + 1
+
+
+def fitted_context(cfg: RunConfig, tokenizer, row: dict) -> str:
+    """The row's passage, its end cut (whole characters, as few as must go) where the sample would exceed max_length,
+    so the question and the answer always stay; the cut is decided without the answer's position, the same way for
+    training and held-out rows."""
+    context = row.get("context")
+    if not isinstance(context, str) or not context.strip():
+        raise ConfigError(f"prompt is 'passage' but a row of {cfg.dataset} has no passage (its question: "
+                          f"{row['question'][:60]!r}); give rows a context column, or use prompt eos (closed-book)")
+    if passage_tokens(tokenizer, row, context) <= cfg.max_length:
+        return context
+    low, high = 0, len(context)  # low fits (an empty passage, or the question alone is too long: then cut anyway)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if passage_tokens(tokenizer, row, context[:mid]) <= cfg.max_length:
+            low = mid
+        else:
+            high = mid - 1
+    return context[:low]
+
+
+def passage_cuts(cfg: RunConfig, tokenizer, rows: list[dict]) -> tuple[int, int]:
+    """(rows whose passage max_length cuts, of them the rows whose answer the cut removes from the passage)."""
+    if cfg.prompt != "passage":
+        return 0, 0
+    cut = lost = 0
+    for row in rows:
+        kept = fitted_context(cfg, tokenizer, row)
+        if len(kept) < len(row["context"]):
+            cut += 1
+            lost += bool(row["answers"]["text"]) and not any(a in kept for a in row["answers"]["text"])
+    return cut, lost
 
 
 def build_dataset(cfg: RunConfig, tokenizer, rows: list[dict] | None = None):

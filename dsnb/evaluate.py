@@ -1,13 +1,19 @@
-"""Does the trained model answer? Greedy answers to held-out questions, scored with SQuAD's own definitions.
+"""Does the trained model answer? Greedy answers to held-out questions, scored as SQuAD and KorQuAD define it.
 
     scores, answers = answer_and_score(model, tokenizer, cfg, rows)   # exact_match, f1, tokens_per_second, ...
     exact_match("The Eiffel Tower!", "eiffel tower")                   # 1.0: SQuAD's normalization
+    f1("서울에", "서울", "korquad")                                    # 0.8: KorQuAD's, over characters
 
-Exact match and F1 follow SQuAD v1.1's official script: lower case, punctuation and the articles a, an and
-the removed, whitespace collapsed; F1 over the tokens of that text; the best over the gold answers. A row
-without an answer expects the training text's "정답 없음". Generation is greedy from the training text's own
-prompt (the part before the answer), in the precision the run trains in, and stops at the end-of-sequence
-token or a new line.
+SQuAD (v1.1's official script): lower case, punctuation and the articles a, an and the removed, whitespace
+collapsed; F1 over the words of that text. KorQuAD (1.0's official script, which scores a Korean answer fairly:
+particles and counters stay attached to words): quotes and brackets (《》〈〉<>()‘’'") removed too, no articles,
+F1 over the characters of the words (spaces left out), so "서울에" against "서울" or "1398" against "1398년" earn
+partial credit and "세종대왕" against "세종 대왕" full F1. Both take the text in Unicode NFC first (NFD Hangul,
+as some macOS files hold it, otherwise matches nothing). scoring "auto" scores a question the KorQuAD way when its
+gold answer is Korean. Each score is the best over the question's gold answers; a row without an answer expects the
+training text's "정답 없음". Generation is greedy from the training text's own prompt (the part before the answer),
+in the precision the run trains in, and stops at the end-of-sequence token, any token that ends a chat turn, or a
+new line.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import collections
 import re
 import string
 import time
+import unicodedata
 
 from .config import RunConfig
 from .data import NO_ANSWER, prompt_parts
@@ -23,21 +30,40 @@ from .model import sdpa_attention
 PROBE = "질문: 본문에 따르면 프랑스의 수도는 어디인가요?\n답변:"  # the fixed prompt of probe_logit_norm
 MAX_NEW_TOKENS = 32  # SQuAD's answers are short: a name, a date, a phrase
 BATCH = 32
+KORQUAD_MARKS = "'\"《》<>〈〉()‘’"
+HANGUL = re.compile("[\uac00-\ud7a3\u1100-\u11ff\u3130-\u318f]")
 
 
-def normalize_answer(text: str) -> str:
-    """SQuAD's normalization: lower case, no punctuation, no articles, single spaces."""
+def normalize_answer(text: str, scoring: str = "squad") -> str:
+    """SQuAD's normalization (lower case, no punctuation, no articles, single spaces), or KorQuAD's (quotes and
+    brackets to spaces, lower case, no punctuation, single spaces); both on NFC text."""
+    text = unicodedata.normalize("NFC", text)
+    if scoring == "korquad":
+        text = "".join(" " if ch in KORQUAD_MARKS else ch for ch in text)
     text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    if scoring == "squad":
+        text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 
 
-def exact_match(prediction: str, gold: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(gold))
+def scoring_of(gold: str, scoring: str) -> str:
+    """The scoring a question gets: the field's, or for auto, korquad where the gold answer is Korean."""
+    if scoring != "auto":
+        return scoring
+    return "korquad" if HANGUL.search(gold) else "squad"
 
 
-def f1(prediction: str, gold: str) -> float:
-    predicted, wanted = normalize_answer(prediction).split(), normalize_answer(gold).split()
+def exact_match(prediction: str, gold: str, scoring: str = "squad") -> float:
+    scoring = scoring_of(gold, scoring)
+    return float(normalize_answer(prediction, scoring) == normalize_answer(gold, scoring))
+
+
+def f1(prediction: str, gold: str, scoring: str = "squad") -> float:
+    """F1 over words (squad) or over the characters of the words (korquad)."""
+    scoring = scoring_of(gold, scoring)
+    predicted, wanted = normalize_answer(prediction, scoring).split(), normalize_answer(gold, scoring).split()
+    if scoring == "korquad":
+        predicted, wanted = list("".join(predicted)), list("".join(wanted))
     common = sum((collections.Counter(predicted) & collections.Counter(wanted)).values())
     if common == 0:
         return 0.0
@@ -45,17 +71,24 @@ def f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def squad_scores(predictions: list[str], golds: list[list[str]]) -> tuple[float, float]:
-    """(exact match, F1), each the mean over questions of the best score over that question's gold answers."""
+def question_scores(predictions: list[str], golds: list[list[str]],
+                    scoring: str = "squad") -> list[tuple[float, float]]:
+    """(exact match, F1) of each question: the best over its gold answers."""
     golds = [g or [NO_ANSWER] for g in golds]
-    pairs = list(zip(predictions, golds, strict=True))
-    return (sum(max(exact_match(p, g) for g in gs) for p, gs in pairs) / len(pairs),
-            sum(max(f1(p, g) for g in gs) for p, gs in pairs) / len(pairs))
+    return [(max(exact_match(p, g, scoring) for g in gs), max(f1(p, g, scoring) for g in gs))
+            for p, gs in zip(predictions, golds, strict=True)]
+
+
+def squad_scores(predictions: list[str], golds: list[list[str]], scoring: str = "squad") -> tuple[float, float]:
+    """(exact match, F1), each the mean over questions of the best score over that question's gold answers."""
+    each = question_scores(predictions, golds, scoring)
+    return sum(e for e, _ in each) / len(each), sum(f for _, f in each) / len(each)
 
 
 def answer_and_score(model, tokenizer, cfg: RunConfig, rows: list[dict], synced: bool = False) -> tuple[dict, list]:
-    """Greedy answers to rows' questions and their scores: ({exact_match, f1, tokens_per_second, seconds},
-    answers). synced keeps every rank generating together (ZeRO-3 over several processes)."""
+    """Greedy answers to rows' questions and their scores: ({exact_match, f1, tokens_per_second, seconds, per_question},
+    answers); per_question holds each question's (exact match, F1). synced keeps every rank generating together (ZeRO-3
+    over several processes)."""
     import torch
 
     device = next(p for p in model.parameters()).device
@@ -64,17 +97,19 @@ def answer_and_score(model, tokenizer, cfg: RunConfig, rows: list[dict], synced:
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.dtype)
     was_training = model.training
     model.eval()
+    stops = stop_tokens(tokenizer, model)
     answers, new_tokens, started = [], 0, time.perf_counter()
     with torch.no_grad(), torch.autocast(device.type, dtype=half or torch.float32, enabled=half is not None), \
             sdpa_attention(model):
         for i in range(0, len(rows), BATCH):
-            texts, count = generate(model, tokenizer, cfg, rows[i:i + BATCH], device, synced)
+            texts, count = generate(model, tokenizer, cfg, rows[i:i + BATCH], device, synced, stops)
             answers += texts
             new_tokens += count
     seconds = time.perf_counter() - started
     model.train(was_training)
-    em, f1_score = squad_scores(answers, [r["answers"]["text"] for r in rows])
-    return {"exact_match": em, "f1": f1_score, "tokens_per_second": new_tokens / seconds, "seconds": seconds}, answers
+    each = question_scores(answers, [r["answers"]["text"] for r in rows], cfg.scoring)
+    return {"exact_match": sum(e for e, _ in each) / len(each), "f1": sum(f for _, f in each) / len(each),
+            "tokens_per_second": new_tokens / seconds, "seconds": seconds, "per_question": each}, answers
 
 
 def probe_logit_norm(model, tokenizer) -> float:
@@ -94,7 +129,32 @@ def probe_logit_norm(model, tokenizer) -> float:
     return float(logits.norm())
 
 
-def generate(model, tokenizer, cfg: RunConfig, rows: list[dict], device, synced: bool) -> tuple[list[str], int]:
+def stop_tokens(tokenizer, model=None) -> list[int]:
+    """Every token an answer ends at: the end-of-sequence token, the model's own (its generation config may list
+    several: Llama 3's <|end_of_text|>, <|eom_id|> and <|eot_id|>), and the token a chat template puts after an
+    assistant's turn (found by rendering one)."""
+    stops = {tokenizer.eos_token_id}
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    stops.update(listed if isinstance(listed, (list, tuple)) else [listed])
+    if tokenizer.chat_template:
+        marker = "dsnb-answer"
+        turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
+        text = tokenizer.apply_chat_template(turns, tokenize=False)
+        after = text[text.rfind(marker) + len(marker):]
+        following = tokenizer(after, add_special_tokens=False)["input_ids"][:1]
+        special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+        stops.update(t for t in following if t in special)
+    return sorted(t for t in stops if t is not None)
+
+
+def cut_at_stop(tokens: list[int], stops: list[int]) -> list[int]:
+    """The tokens before the first stop token."""
+    ends = [tokens.index(t) for t in stops if t in tokens]
+    return tokens[:min(ends)] if ends else tokens
+
+
+def generate(model, tokenizer, cfg: RunConfig, rows: list[dict], device, synced: bool,
+             stops: list[int]) -> tuple[list[str], int]:
     """(answers, tokens generated) for one batch: prompts padded on the left, greedy, up to MAX_NEW_TOKENS."""
     import torch
 
@@ -104,11 +164,10 @@ def generate(model, tokenizer, cfg: RunConfig, rows: list[dict], device, synced:
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=pad, use_cache=True, synced_gpus=synced)
+                         eos_token_id=stops, pad_token_id=pad, use_cache=True, synced_gpus=synced)
     texts, count = [], 0
     for row in out[:, width:].tolist():
-        if tokenizer.eos_token_id in row:
-            row = row[:row.index(tokenizer.eos_token_id)]
+        row = cut_at_stop(row, stops)
         count += len(row)
         texts.append(tokenizer.decode(row, skip_special_tokens=True).strip().split("\n")[0].strip())
     return texts, count

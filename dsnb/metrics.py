@@ -12,6 +12,7 @@ and embedding lookups left out), divided by the device's dense bf16/fp16 peak fr
 """
 from __future__ import annotations
 
+import os
 import resource
 import threading
 import time
@@ -183,6 +184,38 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+def host_snapshot() -> tuple[float, float, float, float]:
+    """(busy CPU seconds of the whole machine, stolen CPU seconds, this process's CPU seconds, wall time) now; the
+    machine's figures are 0 where the kernel does not report them (no /proc/stat)."""
+    busy = steal = 0.0
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+        tick = os.sysconf("SC_CLK_TCK")
+        # user nice system idle iowait irq softirq steal (guest time is already in user)
+        busy = (sum(fields[:3]) + sum(fields[5:8])) / tick
+        steal = (fields[7] if len(fields) > 7 else 0.0) / tick
+    except (OSError, ValueError, IndexError):
+        pass
+    own = sum(os.times()[:2])
+    return busy, steal, own, time.perf_counter()
+
+
+def host_load(start: tuple, end: tuple, own_share: float | None = None) -> dict:
+    """What else the machine did between two host_snapshot()s: host_other_cores, the cores' worth of CPU time that
+    processes other than this run's used on average (own_share: this run's CPU seconds over that time, every rank's,
+    where several share the host), and host_steal_share, the share of CPU time the hypervisor took; with
+    host_cores, the machine's. On several hosts own_share sums every host's ranks, and other processes on rank 0's
+    host are undercounted."""
+    wall = end[3] - start[3]
+    if wall <= 0 or not end[0]:
+        return {}
+    own = own_share if own_share is not None else end[2] - start[2]
+    busy, stolen = end[0] - start[0], end[1] - start[1]
+    return {"host_other_cores": max(0.0, (busy - stolen - own) / wall),
+            "host_steal_share": stolen / busy if busy else 0.0, "host_cores": float(os.cpu_count() or 1)}
+
+
 class StepTimer:
     """Times optimizer steps after the first `untimed_steps`, counting the samples and real tokens of the
     micro-batches the loop consumed (data.BatchLog), so a short batch counts short, in every loop."""
@@ -192,6 +225,7 @@ class StepTimer:
         self.consumed = 0  # micro-batches the loop has trained on
         self.marks: list[tuple[float, int, int]] = []  # (time, step, micro-batches consumed)
         self.excluded: list[tuple[float, float]] = []  # (when, seconds) spent on what is not training (checkpoints)
+        self.hosts: list[tuple] = []  # host_snapshot() at each mark: what else the machine did while steps were timed
 
     @property
     def timed_from(self) -> int:
@@ -205,6 +239,7 @@ class StepTimer:
     def mark(self, step: int) -> None:
         sync(self.device)
         self.marks.append((time.perf_counter(), step, self.consumed))
+        self.hosts.append(host_snapshot())
 
     def exclude(self, seconds: float) -> None:
         """Time just spent on something other than training (a checkpoint), left out of the throughput."""
@@ -222,17 +257,19 @@ class StepTimer:
         if startup:
             first = self.marks[0]
         (t0, s0, b0), (t1, s1, b1) = first, self.marks[-1]
-        counts = [*self.batches.totals(b1), *self.batches.totals(b0), *self.batches.totals(self.consumed)]
-        samples1, tokens1, samples0, tokens0, samples, tokens = sum_over_ranks(counts) if gather else counts
+        host0, host1 = self.hosts[self.marks.index(first)], self.hosts[-1]
+        counts = [*self.batches.totals(b1), *self.batches.totals(b0), *self.batches.totals(self.consumed),
+                  host1[2] - host0[2]]
+        samples1, tokens1, samples0, tokens0, samples, tokens, own = sum_over_ranks(counts) if gather else counts
         seconds = t1 - t0 - sum(s for when, s in self.excluded if t0 < when <= t1)
-        return {"samples_per_second": (samples1 - samples0) / seconds,
+        return {**host_load(host0, host1, own), "samples_per_second": (samples1 - samples0) / seconds,
                 "tokens_per_second": (tokens1 - tokens0) / seconds,
                 "step_time_ms": 1000 * seconds / (s1 - s0), "timed_steps": s1 - s0,
                 "real_tokens_per_sample": tokens / max(1, samples), "throughput_includes_startup": float(startup),
                 "checkpoint_seconds": sum(s for _, s in self.excluded)}
 
 
-def sum_over_ranks(values: list[int]) -> list[int]:
+def sum_over_ranks(values: list) -> list:
     """Each value summed over every process (itself when there is one)."""
     import torch
     import torch.distributed as dist
@@ -243,4 +280,4 @@ def sum_over_ranks(values: list[int]) -> list[int]:
     if dist.get_backend() == "nccl":
         total = total.cuda()
     dist.all_reduce(total)
-    return [int(v) for v in total.tolist()]
+    return [int(v) if isinstance(x, int) else v for v, x in zip(total.tolist(), values, strict=True)]

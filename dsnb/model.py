@@ -173,10 +173,28 @@ def load_tokenizer(cfg: RunConfig):
 
 def load_model(cfg: RunConfig, device: str, tokenizer=None):
     """(model, tokenizer): cfg.model in cfg's precision and quantization, with LoRA adapters when lora_r > 0."""
+    tokenizer = tokenizer or load_tokenizer(cfg)
+    model = load_base(cfg, device)
+    if cfg.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else cfg.lora_targets.split(",")
+        try:
+            model = get_peft_model(model, LoraConfig(
+                r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
+                bias="none", task_type="CAUSAL_LM"))
+        except ValueError as e:
+            raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({describe(e)})") from None
+        check_targets(cfg, model)
+    return model, tokenizer
+
+
+def load_base(cfg: RunConfig, device: str, path: str | None = None):
+    """cfg.model (or the model at path) in cfg's precision and quantization, as a run trains it: what an adapter
+    saved from that run goes back onto."""
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    tokenizer = tokenizer or load_tokenizer(cfg)
     dtype = getattr(torch, TORCH_DTYPES[cfg.dtype])
     if cfg.lora_r == 0 and cfg.dtype == "fp16":
         dtype = torch.float32  # fp16 AMP cannot unscale fp16 gradients: full fine-tuning keeps fp32 masters
@@ -198,22 +216,11 @@ def load_model(cfg: RunConfig, device: str, tokenizer=None):
     if (device.startswith("cuda") or cfg.quantization != "none") and cfg.zero_stage != 3:
         kwargs["device_map"] = {"": device}
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path or resolve_model(cfg.model), **kwargs)
     except OSError as e:
         raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)})") from None
     model.config.use_cache = False
-    if cfg.lora_r > 0:
-        from peft import LoraConfig, get_peft_model
-
-        targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else cfg.lora_targets.split(",")
-        try:
-            model = get_peft_model(model, LoraConfig(
-                r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
-                bias="none", task_type="CAUSAL_LM"))
-        except ValueError as e:
-            raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({describe(e)})") from None
-        check_targets(cfg, model)
-    return model, tokenizer
+    return model
 
 
 def build_block_masks_in_graph() -> None:

@@ -70,7 +70,7 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
         raise ConfigError(f"num_samples is {cfg.num_samples} but one step takes batch_size x grad_accum x "
                           f"{world} process(es) = {cfg.samples_per_step(world)} {unit}; raise num_samples or "
                           "lower batch_size or grad_accum")
-    if cfg.dataset not in ("squad", "synthetic") and not os.path.isfile(cfg.dataset):
+    if cfg.dataset not in ("squad", "korquad", "synthetic") and not os.path.isfile(cfg.dataset):
         raise ConfigError(f"dataset file {cfg.dataset!r} does not exist; check the path or use dataset=synthetic")
     if cfg.uses_nvme:
         check_nvme_path(cfg.nvme_path)
@@ -83,11 +83,30 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
     check_deepcompile(cfg, device)
     from .model import resolve_model
 
+    check_cache(cfg)
     if not cfg.model.startswith("synthetic:"):
         resolve_model(cfg.model)  # a missing local folder fails here; synthetic builds wait for the run
     check_host_ram(cfg, world, device)
     check_disk(cfg)
     _CHECKED.add(key)
+
+
+def check_cache(cfg: RunConfig) -> None:
+    """The folder a model is built or downloaded into can be written (DSNB_CACHE for synthetic shapes, the hub's cache
+    for a hub id), unless what is needed is already there."""
+    from .model import SYNTHETIC_VERSION, cache_dir, synthetic_shape
+
+    if cfg.model.startswith("synthetic:"):
+        folder = os.path.join(cache_dir(), f"synthetic-v{SYNTHETIC_VERSION}")
+        built = all(os.path.isfile(os.path.join(folder, part, name)) for part, name in
+                    ((synthetic_shape(cfg.model), "config.json"), ("tokenizer", "tokenizer.json")))
+        if not built:
+            check_output_folder(cache_dir(), "DSNB_CACHE (where dsnb builds its synthetic models)")
+    elif not os.path.isdir(cfg.model):
+        from huggingface_hub import constants
+
+        if not constants.HF_HUB_OFFLINE:
+            check_output_folder(constants.HF_HUB_CACHE, "the hub's cache (HF_HOME or HF_HUB_CACHE)")
 
 
 def check_disk(cfg: RunConfig) -> None:

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 
+from .card import write_card
 from .config import ConfigError, RunConfig, describe
 from .preflight import check_output_folder
 from .tracking import RunResult, existing_store, mlflow_client
@@ -38,12 +39,18 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
                 raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); train with save_model "
                                   "true") from None
             lora = os.path.isfile(os.path.join(model_dir, "adapter_config.json"))
-            if merge and lora:
-                merged(cfg, model_dir, part)
-            else:
+            probe = run.data.metrics.get("probe_logit_norm")
+            merge_facts = merged(cfg, model_dir, part, probe) if merge and lora else {}
+            if not merge_facts:
                 shutil.copytree(model_dir, part)
+        kind = "merged" if merge_facts else "adapter" if lora else "full"
+        extra = {"merged": f"into the base's {merge_facts['merged_in']} weights; the merged model's probe logits "
+                           f"differ from the run's by {merge_facts['probe_relative_difference']:.2e} (relative)"
+                 } if merge_facts else None
+        write_card(part, cfg, dict(run.data.metrics), result.run_id, kind, extra)
         with open(os.path.join(part, "dsnb_run.json"), "w") as f:
-            json.dump({"run_id": result.run_id, "merged": merge and lora, "config": cfg.to_dict()}, f, indent=2)
+            json.dump({"run_id": result.run_id, "merged": bool(merge_facts), **merge_facts, "config": cfg.to_dict()},
+                      f, indent=2)
         if os.path.isdir(dest):
             os.rmdir(dest)  # an empty folder the user made for it
         os.replace(part, dest)
@@ -54,39 +61,66 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
     return dest
 
 
-def merged(cfg: RunConfig, adapter_dir: str, dest: str) -> None:
-    """The base model with the adapter's LoRA weights added in, saved with its tokenizer. Quantized bases are
-    merged in fp16 (bf16 where the run trained in bf16): LoRA deltas cannot be added exactly to 8-bit or 4-bit
-    weights."""
+def merged(cfg: RunConfig, adapter_dir: str, dest: str, probe: float | None) -> dict:
+    """The base model with the adapter's LoRA weights added in, saved with its tokenizer; returns what the merge
+    changed: the merged model's probe against the run's (probe_logit_norm), relative. A quantized base is merged
+    into its unquantized weights, in fp16 (bf16 where the run trained in bf16, fp32 on the CPU): LoRA deltas cannot be
+    added exactly to 8-bit or 4-bit weights, so the merged model's logits differ slightly from the run's, and by how
+    much is written down. The host RAM the merge needs is checked first."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .evaluate import probe_logit_norm
     from .model import TORCH_DTYPES, resolve_model
 
-    dtype = getattr(torch, TORCH_DTYPES["fp16" if cfg.dtype == "fp16" and cfg.quantization != "none" else cfg.dtype])
-    base = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=dtype)
+    name = cfg.dtype if cfg.quantization == "none" else "bf16" if cfg.dtype == "bf16" else \
+        "fp16" if torch.cuda.is_available() else "fp32"
+    check_merge_ram(cfg, name)
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=getattr(torch, TORCH_DTYPES[name]))
     model = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
     model.save_pretrained(dest)
-    AutoTokenizer.from_pretrained(adapter_dir).save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    after = probe_logit_norm(model, tokenizer)
+    return {"merged_in": name, "probe_logit_norm_run": probe, "probe_logit_norm_merged": after,
+            "probe_relative_difference": abs(after - probe) / abs(probe) if probe else None}
 
 
-def load_saved(folder: str, dtype: str = "fp32"):
-    """(model, tokenizer) from a folder save_model wrote: an adapter on its base, or a whole model."""
-    import torch
+def check_merge_ram(cfg: RunConfig, dtype: str) -> None:
+    """Merging loads the whole base model in host RAM (the 3B shape in fp16: about 6 GB, and its file's pages on
+    top while it is read): refused before it starts where it would not fit, as a run is."""
+    import psutil
+
+    from .estimate import PROCESS_BASE_MB, total_params
+    from .model import model_config
+
+    config = model_config(cfg.model)
+    need = (PROCESS_BASE_MB * 2**20 + total_params(config) * (4 if dtype == "fp32" else 2) * 2) / 2**30
+    have = cfg.ram_budget_gb or psutil.virtual_memory().available / 2**30
+    if need > have:
+        where = f"ram_budget_gb is {cfg.ram_budget_gb:g}" if cfg.ram_budget_gb else f"{have:.1f} GB is free"
+        raise ConfigError(f"merging the adapter into {cfg.model} in {dtype} needs about {need:.1f} GB of host RAM "
+                          f"(the base model, and a copy while it merges) but {where}; keep the adapter (load it onto "
+                          "the base with peft), or merge on a machine with more RAM")
+
+
+def load_saved(folder: str, device: str | None = None):
+    """(model, tokenizer) from a folder save_model wrote: an adapter on its base, loaded as the run trained it (the
+    same quantization and precision, so its logits are the run's own), or a whole model (merged or fully trained)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .model import TORCH_DTYPES, resolve_model
+    from .model import load_base
+    from .preflight import pick_device
 
     with open(os.path.join(folder, "dsnb_run.json")) as f:
         cfg = RunConfig.from_dict(json.load(f)["config"])
-    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
+    device = device or pick_device()
     if os.path.isfile(os.path.join(folder, "adapter_config.json")):
-        base = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=torch_dtype)
-        model = PeftModel.from_pretrained(base, folder)
+        model = PeftModel.from_pretrained(load_base(cfg, device), folder)
     else:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", device_map={"": device})
     return model, AutoTokenizer.from_pretrained(folder)
 
 

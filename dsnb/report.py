@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import io
 
-from .tracking import RunResult, mlflow_client, search
+from .tracking import RunResult, existing_store, mlflow_client, search
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
 METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second", "train_steps_per_second",
            "train_loss", "peak_gpu_allocated_mb", "peak_gpu_reserved_mb", "peak_gpu_nvml_mb", "peak_cpu_rss_mb",
            "samples_per_second", "tokens_per_second", "mfu", "eval_exact_match_before", "eval_exact_match", "eval_f1",
-           "eval_tokens_per_second"]
-SAME_WORK = ("model", "dataset", "num_samples", "max_length", "padding", "batch_size", "grad_accum", "max_steps",
-             "epochs", "seed", "learning_rate")
+           "eval_tokens_per_second", "recall_exact_match", "host_other_cores"]
+ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
+BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (at least, and share of the machine's)
+# and the hypervisor's share above which a run's speed is called unreliable
 
 
 def load_runs(runs: list[RunResult]) -> list:
@@ -30,7 +31,7 @@ def load_runs(runs: list[RunResult]) -> list:
 
 def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED")) -> list[RunResult]:
     """The newest run of each name in an experiment, oldest first."""
-    client = mlflow_client(tracking_uri)
+    client = mlflow_client(existing_store(tracking_uri))
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"experiment {experiment!r} has no runs in {tracking_uri}; run a variant first")
@@ -102,34 +103,87 @@ def _ratio(a: tuple, b: tuple, runs: int) -> str:
     return ratio + (" (within spread)" if a[1] <= b[2] and b[1] <= a[2] else "")
 
 
+def rank_test_p(a: list[float], b: list[float]) -> float:
+    """Two-sided exact p-value of the Mann-Whitney rank test: how often runs from one distribution split as unevenly
+    as a and b do. Ranges that do not overlap give its smallest value, 2 m! n! / (m + n)!: 0.10 with 3 runs each, 0.03
+    with 4."""
+    import itertools
+    import math
+
+    values, m = a + b, len(a)
+
+    def u(first: set) -> float:
+        return sum((values[i] > values[j]) + 0.5 * (values[i] == values[j])
+                   for i in first for j in range(len(values)) if j not in first)
+
+    centre, observed = m * len(b) / 2, u(set(range(m)))
+    splits = list(itertools.combinations(range(len(values)), m)) if math.comb(len(values), m) <= 20000 else None
+    if splits is None:  # large samples: the normal approximation
+        sd = math.sqrt(m * len(b) * (len(values) + 1) / 12)
+        return math.erfc(abs(observed - centre) / sd / math.sqrt(2)) if sd else 1.0
+    extreme = sum(abs(u(set(s)) - centre) >= abs(observed - centre) - 1e-9 for s in splits)
+    return extreme / len(splits)
+
+
 def verdict(runs: list[RunResult]) -> str:
-    """In words, for speed, memory and quality: each variant against the first, and whether the difference is
-    larger than the run-to-run spread (the variants' ranges over their repeats do not overlap)."""
+    """In words, for speed, memory and quality: each variant against the first. Speed and memory: "larger than the
+    run-to-run spread" where the repeats' ranges do not overlap (an exact rank test's p-value is given: that wording's
+    false-alarm rate), and unreliable where the machine was busy while a run was timed; held-out answers: the paired
+    test of same_work."""
+    client = mlflow_client(runs[0].tracking_uri)
     groups = grouped(load_runs(runs))
     names = list(groups)
     lines = []
     on_gpu = any((summary(g, "peak_gpu_allocated_mb") or (0,))[0] for g in groups.values())
     memory = "peak_gpu_allocated_mb" if on_gpu else "peak_cpu_rss_mb"
+    busy = busy_runs([r for g in groups.values() for r in g])
     for name in names[1:]:
-        for key, what in (("samples_per_second", "samples/s"), (memory, memory.replace("_", " ")),
-                          ("eval_exact_match", "held-out exact match")):
-            a, b = summary(groups[name], key), summary(groups[names[0]], key)
-            if a is None or b is None:
-                continue
-            runs_each = min(len(groups[name]), len(groups[names[0]]))
-            line = f"{what}: {name} {_number(a[0])} vs {names[0]} {_number(b[0])}"
-            if b[0]:
-                line += f" ({a[0] / b[0]:.2f}x)"
-            if runs_each < 2:
-                line += "; one run each, so no run-to-run spread was measured: repeat before reading it as a finding"
-            elif a[1] <= b[2] and b[1] <= a[2]:
-                line += (f"; medians of {runs_each} runs, and their ranges overlap: the difference is within the "
-                         "run-to-run spread, not a finding")
-            else:
-                line += (f"; medians of {runs_each} runs, ranges {_number(a[1])}-{_number(a[2])} and "
-                         f"{_number(b[1])}-{_number(b[2])}: larger than the run-to-run spread")
-            lines.append(line)
+        for key, what in (("samples_per_second", "samples/s"), (memory, memory.replace("_", " "))):
+            line = spread_line(groups[name], groups[names[0]], key, what, name, names[0])
+            if line and key == "samples_per_second" and busy:
+                line += f"; but UNRELIABLE: {busy}, so rerun on an idle machine before reading it as a finding"
+            if line:
+                lines.append(line)
+        held = held_out_line(client, groups[names[0]], groups[name], names[0], name)
+        if held:
+            lines.append(held)
     return "\n".join(lines)
+
+
+def spread_line(group: list, base: list, key: str, what: str, name: str, base_name: str) -> str:
+    a, b = summary(group, key), summary(base, key)
+    if a is None or b is None:
+        return ""
+    values = [[r.data.metrics[key] for r in g if key in r.data.metrics and r.info.status == "FINISHED"]
+              for g in (group, base)]
+    line = f"{what}: {name} {_number(a[0])} vs {base_name} {_number(b[0])}" + (f" ({a[0] / b[0]:.2f}x)" if b[0] else "")
+    if min(len(v) for v in values) < 2:
+        return line + "; one run each, so no run-to-run spread was measured: repeat before reading it as a finding"
+    p = rank_test_p(*values)
+    counts = f"{len(values[0])} and {len(values[1])} runs"
+    if a[1] <= b[2] and b[1] <= a[2]:
+        return line + f"; medians of {counts}, and their ranges overlap: within the run-to-run spread (p = {p:.2f})"
+    return line + (f"; medians of {counts}, ranges {_number(a[1])}-{_number(a[2])} and {_number(b[1])}-"
+                   f"{_number(b[2])}: larger than the run-to-run spread (p = {p:.2f}: runs that differ only by chance "
+                   "split this way that often)")
+
+
+def busy_runs(loaded: list) -> str:
+    """In words, the runs that were timed while the machine was busy (other processes' CPU time, or the hypervisor
+    taking it), or "" where none was."""
+    worst = []
+    for run in loaded:
+        m = run.data.metrics
+        cores = m.get("host_cores", 1.0)
+        other, steal = m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0)
+        if other > max(BUSY_CORES, BUSY_SHARE * cores) or steal > BUSY_STEAL:
+            worst.append((other, steal, cores, run.info.run_name))
+    if not worst:
+        return ""
+    other, steal, cores, _ = max(worst)
+    return (f"{len(worst)} of the {len(loaded)} runs were timed on a busy machine (other processes used up to "
+            f"{other:.1f} of its {cores:.0f} cores" + (f", the hypervisor took {steal:.0%}" if steal > BUSY_STEAL
+                                                       else "") + ")")
 
 
 def format_table(table) -> str:
@@ -149,30 +203,98 @@ def loss_curve(client, run_id: str) -> tuple[list[int], list[float]]:
     return steps, [newest[step] for step in steps]
 
 
-def same_work(runs: list[RunResult], loss_tolerance: float = 0.05, quality_tolerance: float = 0.1) -> str:
-    """Check the runs did the same work: same data, seed and steps, final losses within loss_tolerance (relative),
-    and held-out exact match within quality_tolerance (absolute: about twice the binomial spread of 64
-    questions at 0.8)."""
+def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
+    """Whether the runs did the same work: every run-config field that sets what is trained and asked is the same
+    (config.WORK_FIELDS, the held-out set's fingerprint too), the final losses agree within loss_tolerance (relative;
+    a tolerance, not a test: variants doing the same work measured within 1% of each other), and the held-out answers
+    of each variant against the first's, question by question, differ by no more than chance (same_answers: an exact
+    paired test whose false-alarm rate at equal skill is at most ALPHA)."""
+    from .config import WORK_FIELDS
+
     client = mlflow_client(runs[0].tracking_uri)
     loaded = load_runs(runs)
-    lines = []
-    for key in SAME_WORK:
+    different = []
+    for key in (*WORK_FIELDS, "eval_set"):
         values = {run.data.params.get(key) for run in loaded}
-        lines.append(f"{key:>14}: {'same' if len(values) == 1 else 'DIFFERENT ' + str(sorted(map(str, values)))}")
+        if len(values) > 1:
+            different.append(f"{key} {sorted(map(str, values))}")
+    lines = [f"{'config':>14}: " + ("DIFFERENT " + "; ".join(different) if different else
+                                    f"same in all {len(WORK_FIELDS)} fields that set the work, and the same "
+                                    "held-out questions")]
     losses = [loss_curve(client, run.info.run_id)[1] for run in loaded]
     finals = [c[-1] for c in losses if c]
     lines.append(f"{'logged losses':>14}: {[len(c) for c in losses]} records")
     if finals:
         spread = max(finals) - min(finals)
-        verdict = "agree" if spread <= loss_tolerance * max(abs(min(finals)), 1e-9) else "DIFFER"
-        lines.append(f"{'final loss':>14}: {', '.join(f'{x:.2f}' for x in finals)} ({verdict} within "
+        agreed = "agree" if spread <= loss_tolerance * max(abs(min(finals)), 1e-9) else "DIFFER"
+        lines.append(f"{'final loss':>14}: {', '.join(f'{x:.2f}' for x in finals)} ({agreed} within "
                      f"{loss_tolerance:.0%})")
-    scores = [run.data.metrics["eval_exact_match"] for run in loaded if "eval_exact_match" in run.data.metrics]
-    if scores:
-        verdict = "agree" if max(scores) - min(scores) <= quality_tolerance else "DIFFER"
-        lines.append(f"{'exact match':>14}: {', '.join(f'{x:.2f}' for x in scores)} on held-out questions "
-                     f"({verdict} within {quality_tolerance:.2f})")
+    groups = grouped(loaded)
+    names = list(groups)
+    for name in names[1:]:
+        line = held_out_line(client, groups[names[0]], groups[name], names[0], name)
+        if line:
+            lines.append(f"{'held-out':>14}: {line.split(': ', 1)[1]}")
     return "\n".join(lines)
+
+
+def answer_scores(client, run) -> dict[str, float]:
+    """Each held-out question's exact match after training (answers.json), by its id (or text)."""
+    import json
+
+    try:
+        with open(client.download_artifacts(run.info.run_id, "answers.json")) as f:
+            rows = json.load(f)
+    except Exception:  # a run with eval_samples 0, or one that failed before answering
+        return {}
+    return {r.get("id") or r["question"]: float(r["after_em"]) for r in rows
+            if r.get("set", "eval") == "eval" and "after_em" in r}
+
+
+def sign_flip_p(diffs: list[int]) -> float:
+    """Two-sided exact p-value that paired differences this far from 0 arise by chance: each difference's sign is a
+    coin toss at equal skill (the sign-flip, or exact permutation, test; McNemar's exact test with one run each)."""
+    counts = {0: 1}
+    for d in (abs(x) for x in diffs if x):
+        nxt: dict[int, int] = {}
+        for total, ways in counts.items():
+            for signed in (d, -d):
+                nxt[total + signed] = nxt.get(total + signed, 0) + ways
+        counts = nxt
+    observed, everything = abs(sum(diffs)), sum(counts.values())
+    return sum(w for total, w in counts.items() if abs(total) >= observed) / everything
+
+
+def same_answers(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
+    """The paired held-out test: a and b are two variants' repeats, each {question: exact match}. On the questions
+    both were asked, each variant's mean over its repeats; the p-value that they differ this much by chance
+    (sign_flip_p on integer differences). {"questions", "a", "b", "p", "signal"}; signal False where every answer
+    scored the same (all 0, say: nothing to tell the variants apart)."""
+    asked = sorted(set.intersection(*(set(r) for r in a + b))) if a and b else []
+    if not asked:
+        return {"questions": 0}
+    ra, rb = len(a), len(b)
+    diffs = [round(sum(r[q] for r in a) * rb - sum(r[q] for r in b) * ra) for q in asked]
+    every = {r[q] for r in a + b for q in asked}
+    mean = lambda runs: sum(r[q] for r in runs for q in asked) / (len(runs) * len(asked))  # noqa: E731
+    return {"questions": len(asked), "a": mean(a), "b": mean(b), "p": sign_flip_p(diffs), "signal": len(every) > 1}
+
+
+def held_out_line(client, base: list, group: list, base_name: str, name: str) -> str:
+    """The paired held-out comparison in words, labelled with what the questions measure (eval_task)."""
+    test = same_answers([answer_scores(client, r) for r in base if r.info.status == "FINISHED"],
+                        [answer_scores(client, r) for r in group if r.info.status == "FINISHED"])
+    if not test["questions"]:
+        return ""
+    task = group[0].data.params.get("eval_task", "held-out")
+    what = f"held-out exact match ({task})"
+    if not test["signal"]:
+        return (f"{what}: no signal: every answer of both variants scored {test['a']:.0f} on the {test['questions']} "
+                "questions, so they cannot tell the variants apart")
+    head = f"{what}: {name} {test['b']:.2f} vs {base_name} {test['a']:.2f}, paired over {test['questions']} questions"
+    if test["p"] < ALPHA:
+        return head + f": DIFFER (p = {test['p']:.3f} < {ALPHA}: at equal skill this happens {ALPHA:.0%} of the time)"
+    return head + f": agree (p = {test['p']:.2f}; a real difference smaller than the questions can show may remain)"
 
 
 def plot_runs(runs: list[RunResult], log: bool = True):
@@ -220,42 +342,63 @@ def plot_runs(runs: list[RunResult], log: bool = True):
     return Image(buffer.getvalue())
 
 
-def answers(runs: list[RunResult], n: int = 3):
-    """The first n held-out questions with their gold answers and each variant's answers before and after training
-    (read back from the runs' answers.json)."""
+def answers(runs: list[RunResult], n: int | None = None):
+    """The held-out questions with their gold answers and each variant's answers before and after training, joined on
+    the question (its id, else its text) from the runs' answers.json: any number of runs, a question a run was not
+    asked shown as "(not asked)", never misaligned; n: the first n questions. Shown whole, as a table whose cells
+    wrap (a pandas Styler; .data is the DataFrame)."""
     import json
 
     import pandas as pd
 
-    table, runs = None, [r for r in runs if r is not None]  # a skipped quality check is None
+    runs = [r for r in runs if r is not None]  # a skipped quality check is None
+    table: dict[str, dict] = {}
+    columns: list[str] = []
     for name, group in grouped(load_runs(runs)).items():
         run = next((r for r in group if r.info.status == "FINISHED"), group[0])
         client = mlflow_client(runs[0].tracking_uri)
         try:
             with open(client.download_artifacts(run.info.run_id, "answers.json")) as f:
-                rows = json.load(f)[:n]
+                rows = json.load(f)
         except Exception:  # a run with eval_samples 0, or one that failed before answering
             continue
-        if table is None:
-            table = pd.DataFrame({"question": [r["question"] for r in rows],
-                                  "gold": [", ".join(r["gold"]) or "(none)" for r in rows]})
         for when in ("before", "after"):
-            table[f"{name}: {when}"] = [r.get(when, "") for r in rows]
-    return table if table is not None else pd.DataFrame()
+            columns.append(f"{name}: {when}")
+        for r in rows:
+            if r.get("set", "eval") != "eval":
+                continue
+            key = r.get("id") or r["question"]
+            entry = table.setdefault(key, {"question": r["question"], "gold": ", ".join(r["gold"]) or "(none)"})
+            for when in ("before", "after"):
+                entry[f"{name}: {when}"] = r.get(when, "")
+    frame = pd.DataFrame(list(table.values()), columns=["question", "gold", *columns]).fillna("(not asked)")
+    frame = frame.head(n) if n else frame
+    return frame.style.set_properties(**{"white-space": "pre-wrap", "text-align": "left"}).hide(axis="index")
 
 
 def quality_verdict(result: RunResult | None) -> str:
-    """Whether training taught the model: held-out exact match before and after, in words."""
+    """Whether training taught the model, in words: exact match before and after on what the held-out questions
+    measure (eval_task), and with a closed-book prompt on the trained questions (recall)."""
     if result is None:
         return "No quality check: eval_samples is 0"
     m = result.metrics
     if "eval_exact_match" not in m:
         return f"{result.name}: no held-out scores ({result.status})"
-    before, after = m.get("eval_exact_match_before", 0.0), m["eval_exact_match"]
-    taught = "yes" if after - before > 0.5 else "no"
-    return (f"Training taught the model (held-out exact match rose by more than 0.5): {taught}\n"
-            f"exact match {before:.2f} -> {after:.2f}, F1 {m.get('eval_f1_before', 0.0):.2f} -> "
-            f"{m.get('eval_f1', 0.0):.2f} on {m.get('eval_questions', 0):.0f} questions no training row holds")
+    run = mlflow_client(result.tracking_uri).get_run(result.run_id)
+    task = run.data.params.get("eval_task", "held-out")
+    learned = m.get("recall_exact_match", m["eval_exact_match"]) - m.get(
+        "recall_exact_match_before", m.get("eval_exact_match_before", 0.0))
+    which = "trained questions' (recall)" if "recall_exact_match" in m else "held-out"
+    taught = "yes" if learned > 0.5 else "no"
+    lines = [f"Training taught the model ({which} exact match rose by more than 0.5): {taught}",
+             f"held-out, {task}: exact match {m.get('eval_exact_match_before', 0.0):.2f} -> "
+             f"{m['eval_exact_match']:.2f}, F1 {m.get('eval_f1_before', 0.0):.2f} -> {m.get('eval_f1', 0.0):.2f} on "
+             f"{m.get('eval_questions', 0):.0f} questions no training row holds"]
+    if "recall_exact_match" in m:
+        lines.append(f"recall (trained questions): exact match {m.get('recall_exact_match_before', 0.0):.2f} -> "
+                     f"{m['recall_exact_match']:.2f}, F1 {m.get('recall_f1_before', 0.0):.2f} -> "
+                     f"{m.get('recall_f1', 0.0):.2f} on {m.get('recall_questions', 0):.0f} questions")
+    return "\n".join(lines)
 
 
 def savings_table(runs: list[RunResult], baseline: str | None = None):

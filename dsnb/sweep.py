@@ -107,7 +107,8 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
             results.append(RunResult.read(cfg.tracking_uri, done.info.run_id, skipped=True))
             continue
         run_id = tracking.create_run(cfg, tags={"sweep": sweep, "notebook": os.path.basename(notebook)})
-        executed = os.path.join(out_dir, f"{name}-{run_id[:8]}.ipynb")
+        short = name.encode()[:200].decode(errors="ignore")  # a file name's limit is 255 bytes
+        executed = os.path.join(out_dir, f"{short}-{run_id[:8]}.ipynb")
         error = None
         # The kernel inherits this environment: it logs into the run opened here, and takes the
         # parameters as given (the offline preset, if asked for, is already in them).

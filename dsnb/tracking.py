@@ -26,6 +26,8 @@ from importlib import metadata
 from .config import ConfigError, RunConfig, describe, redact
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
+# MLflow's "Downloading artifacts" bars tell a notebook user nothing (dsnb reads small files back); yours, if set, stay.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "datasets", "mlflow",
             "mlflow-skinny", "tokenizers", "GPUtil", "nvidia-ml-py", "papermill", "dsnb")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import time
@@ -58,16 +59,19 @@ class Plan:
     estimate: dict
     truncated: int  # samples max_length cuts short
     samples: int  # in train_set, whose rows are samples or (padding filled) rows of several
+    recall_rows: list  # trained questions asked again (closed-book prompts)
+    cuts: tuple  # (passages max_length cuts, of them those that lose their answer), training and held-out
 
 
 def plan(cfg: RunConfig, world: int = 1) -> Plan:
     """Read and check the data (training and held-out rows) and estimate the run's memory, loading no weights."""
-    from .data import build_dataset, fill_rows, load_records, truncated
+    from .data import CLOSED_BOOK, EVAL_SEED, build_dataset, fill_rows, load_records, passage_cuts, truncated
     from .estimate import estimate_memory, row_length, tokens_per_micro_batch, trainable_params
     from .model import load_tokenizer, model_config
 
     tokenizer = load_tokenizer(cfg)
-    samples = build_dataset(cfg, tokenizer)
+    rows = load_records(cfg)
+    samples = build_dataset(cfg, tokenizer, rows)
     train_set = samples
     if cfg.padding == "filled":
         train_set = fill_rows(samples, cfg.max_length)
@@ -77,13 +81,18 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
                               f"process(es) = {cfg.samples_per_step(world)} rows; raise num_samples or lower "
                               "batch_size or grad_accum")
     eval_rows = load_records(cfg, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    recall_rows = []
+    if cfg.eval_samples and cfg.prompt in CLOSED_BOOK:  # what the run learned, where held-out scores cannot show it
+        recall_rows = [rows[i] for i in sorted(random.Random(EVAL_SEED).sample(range(len(rows)),
+                                                                               min(cfg.eval_samples, len(rows))))]
     config = model_config(cfg.model)
     trainable = trainable_params(cfg, config)
     device = preflight.pick_device()
     estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world,
                                row_length(cfg, samples), on_gpu=device != "cpu")
     preflight.check_host_ram(cfg, world, device, estimate)  # now with the data's activations, before any weight loads
-    return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, samples), len(samples))
+    return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, samples), len(samples),
+                recall_rows, passage_cuts(cfg, tokenizer, rows + eval_rows))
 
 
 def describe_plan(cfg: RunConfig, p: Plan) -> str:
@@ -98,8 +107,19 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
         "" if on_gpu else " (the weights, gradients, optimizer and activations included)")
     rows = (f" in {len(p.train_set)} rows of {cfg.max_length} tokens ({real / (len(p.train_set) * cfg.max_length):.1%}"
             " real)") if cfg.padding == "filled" else ""
-    lines = [f"{p.samples} samples of {real / p.samples:.0f} real tokens on average{rows}, {len(p.eval_rows)} "
-             f"held-out questions; {p.trainable:,} trainable weights; estimate: {gpu}, {host}"]
+    from .data import CLOSED_BOOK
+
+    asked = f"{len(p.eval_rows)} held-out questions" + (
+        f" (closed-book: they measure what the model already knew) and {len(p.recall_rows)} trained ones (recall)"
+        if cfg.prompt in CLOSED_BOOK and p.eval_rows else " (reading the passage)" if p.eval_rows else "")
+    lines = [f"{p.samples} samples of {real / p.samples:.0f} real tokens on average{rows}, {asked}; "
+             f"{p.trainable:,} trainable weights; estimate: {gpu}, {host}"]
+    if p.cuts[0]:
+        lines.append(f"note: max_length {cfg.max_length} cuts the end of {p.cuts[0]} passages (training and held-out), "
+                     f"{p.cuts[1]} of them before their answer; raise max_length to keep them whole")
+    if cfg.max_steps and cfg.untimed_steps >= cfg.max_steps:
+        lines.append(f"note: untimed_steps {cfg.untimed_steps} leaves none of the {cfg.max_steps} steps timed, so the "
+                     "throughput covers every step, start-up included (throughput_includes_startup 1); raise max_steps")
     if p.truncated:
         lines.append(f"warning: max_length {cfg.max_length} cuts {p.truncated} of {p.samples} samples short "
                      "(their answers lose tokens); raise max_length to keep them whole")
@@ -108,30 +128,59 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
 
 @dataclass
 class Quality:
-    """Greedy answers to held-out questions before and after training, with SQuAD's scores (evaluate.py)."""
+    """Greedy answers before and after training, scored (evaluate.py): the held-out questions ("eval"), and with a
+    closed-book prompt as many trained ones ("recall": what the run learned, where held-out answers can show only
+    what the model knew)."""
 
-    rows: list
+    sets: dict  # "eval" / "recall" -> rows
     synced: bool  # ZeRO-3 over several processes: every rank generates together
     reporter: Reporter
-    scores: dict = field(default_factory=dict)  # "before" / "after" -> exact_match, f1, tokens_per_second, seconds
-    answers: dict = field(default_factory=dict)  # "before" / "after" -> the answers, in row order
+    scores: dict = field(default_factory=dict)  # (set, "before" / "after") -> exact_match, f1, per_question, seconds..
+    answers: dict = field(default_factory=dict)  # (set, "before" / "after") -> the answers, in row order
+
+    LABELS = {"eval": "held-out questions", "recall": "trained questions (recall)"}
 
     def score(self, when: str, model, tokenizer, cfg: RunConfig) -> None:
         from .evaluate import answer_and_score
 
-        if self.rows:
-            self.scores[when], self.answers[when] = answer_and_score(model, tokenizer, cfg, self.rows, self.synced)
-            self.reporter.say(f"{when} training: exact match {self.scores[when]['exact_match']:.2f}, "
-                              f"F1 {self.scores[when]['f1']:.2f} on {len(self.rows)} held-out questions")
+        for name, rows in self.sets.items():
+            if rows:
+                scores, self.answers[name, when] = answer_and_score(model, tokenizer, cfg, rows, self.synced)
+                self.scores[name, when] = scores
+                self.reporter.say(f"{when} training: exact match {scores['exact_match']:.2f}, F1 {scores['f1']:.2f} "
+                                  f"on {len(rows)} {self.LABELS[name]}")
+
+    def seconds(self, when: str) -> float:
+        return sum(v["seconds"] for (_, w), v in self.scores.items() if w == when)
 
     def metrics(self) -> dict:
-        out = {f"eval_{k}_before": v for k, v in self.scores.get("before", {}).items() if k in ("exact_match", "f1")}
-        out.update({f"eval_{k}": v for k, v in self.scores.get("after", {}).items()})
-        return out | ({"eval_questions": len(self.rows)} if self.scores else {})
+        out = {}
+        for (name, when), scores in self.scores.items():
+            keys = ("exact_match", "f1") if when == "before" else ("exact_match", "f1", "tokens_per_second", "seconds")
+            out.update({f"{name}_{k}{'_before' if when == 'before' else ''}": scores[k] for k in keys})
+            out[f"{name}_questions"] = len(self.sets[name])
+        return out
 
     def table(self) -> list[dict]:
-        return [{"question": r["question"], "gold": r["answers"]["text"],
-                 **{when: answers[i] for when, answers in self.answers.items()}} for i, r in enumerate(self.rows)]
+        """Every question asked, with its set, id, gold answers, and each answer with its exact match and F1."""
+        rows = []
+        for name, questions in self.sets.items():
+            for i, r in enumerate(questions):
+                row = {"set": name, "id": str(r.get("id", "")), "question": r["question"], "gold": r["answers"]["text"]}
+                for when in ("before", "after"):
+                    if (name, when) in self.scores:
+                        em, f = self.scores[name, when]["per_question"][i]
+                        row.update({when: self.answers[name, when][i], f"{when}_em": em, f"{when}_f1": f})
+                rows.append(row)
+        return rows
+
+
+def eval_set_id(rows: list[dict]) -> str:
+    """A short fingerprint of which questions a run was asked (the same for every variant of a comparison)."""
+    import hashlib
+
+    text = "\n".join(f"{r.get('id', '')}\t{r['question']}" for r in rows)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 STAGING = ".partial"  # a checkpoint is written here, then renamed into place whole
@@ -228,7 +277,7 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
             metrics, params = measure(session, raw, mem.summary())
             if log:
                 record_end(session, metrics, params)
-            save(session)
+            save(session, metrics)
         except BaseException as e:
             if run is not None:  # what it measured so far: peaks, and the throughput of the steps it finished
                 so_far = session.timer.throughput(gather=False) if session else {}
@@ -282,7 +331,8 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     trainable, total = count_parameters(model)
     batches = BatchLog(collator(tokenizer, cfg))
     timer = StepTimer(device, cfg.untimed_steps, batches)
-    quality = Quality(the_plan.eval_rows, cfg.zero_stage == 3 and world > 1, reporter)
+    quality = Quality({"eval": the_plan.eval_rows, "recall": the_plan.recall_rows}, cfg.zero_stage == 3 and world > 1,
+                      reporter)
     trainer = CheckpointTrainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
                                 processing_class=tokenizer)
     # The "before" answers come once the model is placed (under ZeRO-3, once the engine's hooks can fetch it).
@@ -417,7 +467,12 @@ def record_start(s: Session, checkpoint: str | None) -> None:
     import mlflow
 
     mlflow.log_metrics(s.plan.estimate)
-    mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION})
+    from .data import CLOSED_BOOK
+
+    task = "reading the passage" if s.cfg.prompt not in CLOSED_BOOK else \
+        "closed-book: paraphrases of trained facts" if s.cfg.dataset == "synthetic" else "closed-book: prior knowledge"
+    mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION, "eval_task": task,
+                       "eval_set": eval_set_id(s.plan.eval_rows)})
     if s.counts["truncated_samples"]:
         mlflow.set_tag("data_warning", f"max_length {s.cfg.max_length} cuts {s.counts['truncated_samples']} samples "
                                        "short")
@@ -446,7 +501,7 @@ def fit(s: Session, checkpoint: str | None) -> dict:
         # rows with padding filled, and a short last batch as a full one).
         samples, _ = s.timer.batches.totals(s.timer.consumed)
         raw["train_samples_per_second"] = samples * s.world / raw["train_runtime"]
-        before = s.quality.scores.get("before", {}).get("seconds", 0.0)
+        before = s.quality.seconds("before")
         if before:  # the Trainer's clock ran through the "before" answers: take them out of its numbers
             scale = raw["train_runtime"] / (raw["train_runtime"] - before)
             raw.update(train_runtime=raw["train_runtime"] - before,
@@ -483,7 +538,7 @@ def record_end(s: Session, metrics: dict, params: dict) -> None:
 
     mlflow.log_metrics(metrics)
     mlflow.log_params(params)
-    if s.quality.rows:
+    if s.quality.scores:
         tracking.log_json(s.quality.table(), "answers.json")
     if s.deepspeed is not None:
         tracking.log_json(s.trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config, "deepspeed_config.json")
@@ -491,18 +546,21 @@ def record_end(s: Session, metrics: dict, params: dict) -> None:
         mlflow.log_artifact(s.cfg.profile)
 
 
-def save(s: Session) -> None:
-    """The trained adapter (or model) to the run's artifacts, with a fingerprint of its logits (publish.py checks a
-    reloaded copy against it); the store is then its one copy."""
+def save(s: Session, metrics: dict) -> None:
+    """The trained adapter (or model) to the run's artifacts, with its model card and a fingerprint of its logits
+    (publish.py checks a reloaded copy against it); the store is then its one copy."""
     if s.cfg.save_model:
+        from .card import write_card
         from .evaluate import probe_logit_norm
 
         probe = probe_logit_norm(s.trainer.model, s.trainer.processing_class)  # every rank: ZeRO-3 gathers
-        s.trainer.save_model(os.path.join(s.run_dir, "model"))
+        folder = os.path.join(s.run_dir, "model")
+        s.trainer.save_model(folder)
         if s.log:
             import mlflow
 
+            write_card(folder, s.cfg, metrics, mlflow.active_run().info.run_id, "adapter" if s.cfg.lora_r else "full")
             mlflow.log_metric("probe_logit_norm", probe)
-            mlflow.log_artifacts(os.path.join(s.run_dir, "model"), "model")
+            mlflow.log_artifacts(folder, "model")
     if s.log:
         shutil.rmtree(s.run_dir, ignore_errors=True)

@@ -72,9 +72,9 @@ def test_colab_rehearsal_from_an_empty_environment(tmp_path):
 def test_every_hub_id_is_namespaced():
     """datasets 5 refuses a bare "squad" (it wants rajpurkar/squad): every hub id dsnb uses names its owner."""
     from dsnb.config import RunConfig
-    from dsnb.data import HUB_SQUAD
+    from dsnb.data import HUB_DATASETS
 
-    for hub_id in (HUB_SQUAD, RunConfig().model):
+    for hub_id in (*HUB_DATASETS.values(), RunConfig().model):
         owner, _, name = hub_id.partition("/")
         assert owner and name and "/" not in name, hub_id
 

@@ -1,12 +1,15 @@
 import json
+import random
 
 import pandas as pd
 import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
-from dsnb.data import NO_ANSWER, PACK_ROWS, build_dataset, collator, format_prompt, load_records, synthetic_squad
+from dsnb.data import (EVAL_SEED, NO_ANSWER, PACK_ROWS, build_dataset, collator, format_prompt, load_records,
+                       prompt_parts, synthetic_squad)
 from dsnb.model import load_tokenizer
 
+CLOSED = dict(OFFLINE, prompt="eos")  # the tutorial's closed-book text: the padding tests' lengths are its
 
 @pytest.fixture(scope="module")
 def tokenizer():
@@ -34,7 +37,7 @@ def test_prompt_is_the_tutorials():
 
 @pytest.mark.parametrize("padding", ["max_length", "longest"])
 def test_labels_ignore_padding(tokenizer, padding):
-    cfg = RunConfig(**dict(OFFLINE, padding=padding, max_length=64, num_samples=8))
+    cfg = RunConfig(**dict(CLOSED, padding=padding, max_length=64, num_samples=8))
     ds = build_dataset(cfg, tokenizer)
     lengths = {len(x) for x in ds["input_ids"]}
     assert lengths == {64} if padding == "max_length" else len(lengths) > 1
@@ -62,7 +65,7 @@ def test_packed_rows_give_the_padded_batch_its_loss(tokenizer):
     from dsnb.data import BatchLog
     from dsnb.model import load_model
 
-    padded_cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, padding="longest", num_samples=12))
+    padded_cfg = RunConfig(**dict(CLOSED, quantization="none", lora_r=0, padding="longest", num_samples=12))
     packed_cfg = padded_cfg.replace(padding="packed", max_length=128)
     ds = build_dataset(padded_cfg, tokenizer)
     features = [ds[i] for i in range(12)]
@@ -94,7 +97,7 @@ def test_filled_rows_hold_each_sample_once_nearly_full_and_give_the_padded_batch
     from dsnb.data import BatchLog, fill_rows, best_fit, packed_rows
     from dsnb.model import load_model
 
-    padded_cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, padding="longest", num_samples=48))
+    padded_cfg = RunConfig(**dict(CLOSED, quantization="none", lora_r=0, padding="longest", num_samples=48))
     ds = build_dataset(padded_cfg, tokenizer)
     rows = fill_rows(ds, 128)
     ids = [list(x) for x in ds["input_ids"]]
@@ -147,7 +150,7 @@ def test_a_filled_step_larger_than_its_rows_is_refused_naming_them():
     """64 offline samples fill 25 rows of 128 tokens: 16 x 2 rows a step would pass the samples' check (32 <= 64)."""
     from dsnb.train import describe_plan, plan
 
-    cfg = RunConfig(**dict(OFFLINE, padding="filled", batch_size=16, grad_accum=2))
+    cfg = RunConfig(**dict(CLOSED, padding="filled", batch_size=16, grad_accum=2))
     with pytest.raises(ConfigError, match=r"puts the 64 samples in \d+ rows of 128 tokens.* = 32 rows"):
         plan(cfg)
     p = plan(cfg.replace(batch_size=4))
@@ -229,7 +232,7 @@ def test_bad_files_say_what_to_change(tmp_path):
 
     with pytest.raises(ConfigError, match="does not exist"):
         load(tmp_path / "missing.json")
-    with pytest.raises(ConfigError, match="is not squad, synthetic"):
+    with pytest.raises(ConfigError, match="is not squad, korquad, synthetic"):
         load(tmp_path / "data.txt")
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ConfigError):
@@ -247,13 +250,13 @@ def test_bad_files_say_what_to_change(tmp_path):
 
 def test_the_training_text_ends_in_eos_and_the_loss_covers_it(tokenizer):
     rows = synthetic_squad(4)
-    eos = build_dataset(RunConfig(**dict(OFFLINE, num_samples=4, padding="longest")), tokenizer, rows)
+    eos = build_dataset(RunConfig(**dict(CLOSED, num_samples=4, padding="longest")), tokenizer, rows)
     plain = build_dataset(RunConfig(**dict(OFFLINE, num_samples=4, padding="longest", prompt="tutorial")),
                           tokenizer, rows)
     for with_eos, without in zip(eos, plain, strict=True):
         assert with_eos["input_ids"] == without["input_ids"] + [tokenizer.eos_token_id]
         assert with_eos["labels"][-1] == tokenizer.eos_token_id  # predicted, though the pad token is EOS too
-    padded = build_dataset(RunConfig(**dict(OFFLINE, num_samples=4, max_length=64)), tokenizer, rows)
+    padded = build_dataset(RunConfig(**dict(CLOSED, num_samples=4, max_length=64)), tokenizer, rows)
     for sample, row in zip(padded, eos, strict=True):  # padding after the EOS is masked, the EOS is not
         n = len(row["input_ids"])
         assert sample["labels"][n - 1] == tokenizer.eos_token_id and set(sample["labels"][n:]) == {-100}
@@ -267,17 +270,21 @@ def test_held_out_questions_are_in_no_training_row_yet_training_teaches_their_an
     assert not {r["question"] for r in train} & {r["question"] for r in held_out}
     taught = {r["answers"]["text"][0] for r in train if r["answers"]["text"]}
     assert {r["answers"]["text"][0] for r in held_out} <= taught
-    assert load_records(RunConfig(**OFFLINE), "eval", 10) == [dict(r, answers={"text": r["answers"]["text"]})
-                                                              for r in held_out[:10]]
+    # the questions asked: drawn with the fixed seed from the whole held-out part, not its first rows
+    drawn = sorted(random.Random(EVAL_SEED).sample(range(72), 10))
+    assert load_records(RunConfig(**OFFLINE), "eval", 10) == [dict(held_out[i], answers={"text": held_out[i]["answers"][
+        "text"]}) for i in drawn]
+    assert drawn != list(range(10)) and load_records(RunConfig(**OFFLINE), "eval", 10) == load_records(
+        RunConfig(**dict(OFFLINE, seed=7, strategy="zero2")), "eval", 10)  # the same for every variant and seed
 
 
 def test_a_max_length_that_cuts_every_answer_is_refused_and_one_that_cuts_some_is_counted(tokenizer):
     from dsnb.data import truncated
 
     with pytest.raises(ConfigError, match="max_length is 8, which cuts every sample before its answer"):
-        build_dataset(RunConfig(**dict(OFFLINE, max_length=8, num_samples=16)), tokenizer)
-    cut = truncated(RunConfig(**dict(OFFLINE, max_length=40, num_samples=64)),
-                    build_dataset(RunConfig(**dict(OFFLINE, max_length=40, num_samples=64)), tokenizer))
+        build_dataset(RunConfig(**dict(CLOSED, max_length=8, num_samples=16)), tokenizer)
+    cut = truncated(RunConfig(**dict(CLOSED, max_length=40, num_samples=64)),
+                    build_dataset(RunConfig(**dict(CLOSED, max_length=40, num_samples=64)), tokenizer))
     assert 0 < cut < 64
 
 
@@ -299,3 +306,42 @@ def test_cells_that_only_look_like_json_are_read_as_their_text(tmp_path):
     path.write_text('question,answers\n"q1?","{not json"\n"q2?","{""text"": [""Seoul""]}"\n')
     rows = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=2)))
     assert [format_prompt(r) for r in rows] == ["질문: q1?\n답변: {not json", "질문: q2?\n답변: Seoul"]
+
+
+def test_the_passage_prompt_reads_the_passage_and_cuts_only_its_end(tokenizer):
+    """prompt passage (the default): SQuAD's task, the passage with the question, the same text trained and asked;
+    where a sample would exceed max_length, the passage's end goes and the question and answer stay; a row without a
+    passage is refused, naming the closed-book prompt."""
+    from dsnb.data import passage_cuts
+
+    row = synthetic_squad(1)[0]
+    cfg = RunConfig(**OFFLINE)
+    prompt, whole = prompt_parts(cfg, tokenizer, row)
+    text = tokenizer.decode(whole, skip_special_tokens=True)
+    assert text == f"본문: {row['context']}\n질문: {row['question']}\n답변: {row['answers']['text'][0]}"
+    assert whole[:len(prompt)] == prompt and whole[-1] == tokenizer.eos_token_id
+    short = cfg.replace(max_length=len(whole) - 5)
+    cut = tokenizer.decode(prompt_parts(short, tokenizer, row)[1], skip_special_tokens=True)
+    assert len(prompt_parts(short, tokenizer, row)[1]) <= short.max_length
+    assert cut.endswith(f"\n질문: {row['question']}\n답변: {row['answers']['text'][0]}")
+    assert row["context"].startswith(cut.split("\n")[0][len("본문: "):]) and len(cut) < len(text)
+    rows = synthetic_squad(8)
+    assert passage_cuts(cfg, tokenizer, rows) == (0, 0)
+    assert passage_cuts(cfg.replace(max_length=40), tokenizer, rows)[0] == 8
+    with pytest.raises(ConfigError, match="has no passage.*use prompt eos"):
+        prompt_parts(cfg, tokenizer, {"question": "q?", "answers": {"text": ["a"]}})
+
+
+def test_the_official_nested_squad_json_reads_as_it_is(tmp_path):
+    """SQuAD's and KorQuAD's own files ({"data": [{"paragraphs": [{"context", "qas"}]}]}) need no conversion."""
+    data = {"version": "1.0", "data": [{"title": "서울", "paragraphs": [
+        {"context": "서울은 대한민국의 수도이다.", "qas": [
+            {"id": f"q{i}", "question": f"질문 {i}?", "answers": [{"text": "서울", "answer_start": 0}]}
+            for i in range(5)]}]}]}
+    path = tmp_path / "KorQuAD_v1.0_train.json"
+    path.write_text(json.dumps(data, ensure_ascii=False))
+    rows = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=3)))
+    assert [r["id"] for r in rows] == ["q0", "q1", "q2"] and rows[0]["context"] == "서울은 대한민국의 수도이다."
+    assert rows[0]["answers"]["text"] == ["서울"]
+    held = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=3)), "eval", 5)
+    assert sorted(r["id"] for r in held) == ["q3", "q4"]  # the rows after the training ones

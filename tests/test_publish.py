@@ -1,4 +1,5 @@
-"""A run's adapter as a product: saved, reloaded with the run's own logits, merged, never pushed without a token."""
+"""A run's adapter as a product: saved with a real model card, reloaded with the run's own logits (on its 8-bit or
+4-bit base too), merged with the merge's own difference written down, never pushed without a token."""
 import json
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
 from dsnb.evaluate import probe_logit_norm
-from dsnb.launch import run_variant
+from dsnb.launch import run_all
 from dsnb.publish import check_push, load_saved, save_model
 
 pytestmark = pytest.mark.integration
@@ -15,17 +16,20 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A LoRA run of synthetic:tiny trained hard enough that its adapter is far from zero."""
+    """LoRA runs of synthetic:tiny on an unquantized, an 8-bit and a 4-bit base, trained hard enough that the adapters
+    are far from zero."""
     folder = tmp_path_factory.mktemp("publish")
-    cfg = RunConfig(**dict(OFFLINE, quantization="none", max_steps=6, learning_rate=1e-2, eval_samples=0),
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", max_steps=6, learning_rate=1e-2, eval_samples=8),
                     tracking_uri=f"sqlite:///{folder}/mlflow.db", run_name="to-save")
-    result = run_variant(cfg, progress=False)
-    assert result.status == "FINISHED", result
-    return folder, result
+    results = run_all([cfg, cfg.replace(quantization="8bit", run_name="eight"),
+                       cfg.replace(quantization="4bit", run_name="four")], progress=False)
+    assert [r.status for r in results] == ["FINISHED"] * 3, results
+    return folder, dict(zip(("none", "8bit", "4bit"), results, strict=True))
 
 
 def test_a_saved_adapter_reloads_with_the_runs_logits_and_merges(trained):
-    folder, result = trained
+    folder, runs = trained
+    result = runs["none"]
     logged = result.metrics["probe_logit_norm"]  # measured in the training process, on the trained model
     adapter = save_model(result, str(folder / "adapter"))
     assert json.load(open(folder / "adapter" / "dsnb_run.json"))["run_id"] == result.run_id
@@ -38,12 +42,61 @@ def test_a_saved_adapter_reloads_with_the_runs_logits_and_merges(trained):
     merged_model, _ = load_saved(save_model(result, str(folder / "merged"), merge=True))
     assert not (folder / "merged" / "adapter_config.json").exists()  # a plain transformers model
     assert probe_logit_norm(merged_model, tokenizer) == pytest.approx(logged, rel=1e-4)
+    facts = json.load(open(folder / "merged" / "dsnb_run.json"))
+    assert facts["merged"] and facts["probe_relative_difference"] < 1e-4
     with pytest.raises(ConfigError, match="already exists"):
         save_model(result, str(folder / "adapter"))  # never over an earlier save
 
 
+@pytest.mark.parametrize("quantization", ["8bit", "4bit"])
+def test_an_adapter_trained_on_a_quantized_base_reloads_onto_that_base(trained, quantization):
+    """The adapter goes back onto the base quantized as it was trained, so its logits are the run's own; merged into
+    the unquantized weights, the merged model's difference from the run's logits is measured and written down."""
+    folder, runs = trained
+    result = runs[quantization]
+    logged = result.metrics["probe_logit_norm"]
+    model, tokenizer = load_saved(save_model(result, str(folder / f"adapter-{quantization}")))
+    assert probe_logit_norm(model, tokenizer) == pytest.approx(logged, rel=1e-5)
+    save_model(result, str(folder / f"merged-{quantization}"), merge=True)
+    facts = json.load(open(folder / f"merged-{quantization}" / "dsnb_run.json"))
+    merged_model, _ = load_saved(str(folder / f"merged-{quantization}"))
+    assert facts["probe_logit_norm_merged"] == pytest.approx(probe_logit_norm(merged_model, tokenizer), rel=1e-5)
+    assert facts["probe_logit_norm_run"] == logged and facts["merged_in"] == "fp32"
+    assert abs(facts["probe_relative_difference"] - abs(facts["probe_logit_norm_merged"] - logged) / logged) < 1e-9
+    card = (folder / f"merged-{quantization}" / "README.md").read_text()
+    assert f"{facts['probe_relative_difference']:.2e} (relative)" in card
+
+
+def test_every_saved_folder_carries_a_model_card_and_no_local_path(trained):
+    folder, runs = trained
+    result = runs["8bit"]
+    for name, merge in (("card-adapter", False), ("card-merged", True)):
+        saved = folder / name
+        save_model(result, str(saved), merge=merge)
+        card = (saved / "README.md").read_text()
+        assert "More Information Needed" not in card and str(folder) not in card and "/.cache/" not in card
+        assert "synthetic:tiny" in card and "dsnb's synthetic SQuAD-format set" in card
+        assert "| held-out questions (reading the passage) | exact match" in card and "samples/s" in card
+        assert "LoRA r 16" in card and "base weights 8bit" in card and f"`{result.run_id}`" in card
+        for path in saved.rglob("*.json"):
+            text = path.read_text()
+            assert "/.cache/" not in text and str(folder) + "/mlartifacts" not in text, path
+    adapter_config = json.load(open(folder / "card-adapter" / "adapter_config.json"))
+    assert adapter_config["base_model_name_or_path"] == "synthetic:tiny"
+
+
+def test_a_merge_that_would_not_fit_the_host_is_refused_before_it_starts(trained):
+    folder, runs = trained
+    cfg = RunConfig(**dict(OFFLINE, model="synthetic:llama-3.1-8b", quantization="8bit", ram_budget_gb=4))
+    from dsnb.publish import check_merge_ram
+
+    with pytest.raises(ConfigError, match="merging the adapter into synthetic:llama-3.1-8b in fp16 needs about"):
+        check_merge_ram(cfg, "fp16")
+
+
 def test_push_needs_a_repository_and_a_token_and_nothing_is_written_without_them(trained, monkeypatch):
-    folder, result = trained
+    folder, runs = trained
+    result = runs["none"]
     monkeypatch.delenv("HF_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="needs a token"):
         check_push("me/model", "")

@@ -1,0 +1,105 @@
+"""The model card every folder dsnb saves carries (README.md, as the hub shows it), from the run's config and numbers.
+
+    write_card(folder, cfg, metrics, run_id, kind="adapter")   # train.save and publish.save_model call it
+    describe_base(cfg)                                         # the base as a card names it: a hub id, never a path
+
+No local path goes into a card or an adapter's config: a synthetic model is named synthetic:<shape>, a local folder
+by its name alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata
+
+from .config import RunConfig
+from .data import CLOSED_BOOK, HUB_DATASETS
+
+KINDS = {"adapter": "LoRA adapter", "merged": "base model with the LoRA adapter merged in",
+         "full": "fully fine-tuned model"}
+
+
+def describe_base(cfg: RunConfig) -> str:
+    """cfg.model as the world can find it: a hub id as it is, synthetic:<shape>, or a local folder's last name."""
+    if cfg.model.startswith("synthetic:") or not os.path.exists(cfg.model):
+        return cfg.model
+    return os.path.basename(os.path.normpath(cfg.model))
+
+
+def write_card(folder: str, cfg: RunConfig, metrics: dict, run_id: str, kind: str, extra: dict | None = None) -> None:
+    """README.md (the card) into folder, over PEFT's blank template; an adapter's config names its base as
+    describe_base does (PEFT writes the path it was loaded from: a cache folder for synthetic models)."""
+    config = os.path.join(folder, "adapter_config.json")
+    if os.path.isfile(config):
+        with open(config) as f:
+            adapter = json.load(f)
+        adapter["base_model_name_or_path"] = describe_base(cfg)
+        with open(config, "w") as f:
+            json.dump(adapter, f, indent=2)
+    with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+        f.write(card(cfg, metrics, run_id, kind, extra or {}))
+
+
+def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict) -> str:
+    base = describe_base(cfg)
+    hub = "/" in base and not cfg.model.startswith("synthetic:") and not os.path.exists(cfg.model)
+    front = ["---", *([f"base_model: {base}"] if hub else []),
+             f"library_name: {'peft' if kind == 'adapter' else 'transformers'}",
+             "tags: [dsnb, deepspeed, " + ("lora, " if cfg.lora_r else "") + "question-answering]",
+             *([f"datasets: [{HUB_DATASETS[cfg.dataset]}]"] if cfg.dataset in HUB_DATASETS else []), "---", ""]
+    synthetic = cfg.model.startswith("synthetic:")
+    task = "closed-book" if cfg.prompt in CLOSED_BOOK else "reading the passage"
+    rows = [("base model", base + (" (dsnb's offline Llama of random weights: its scores say nothing about a real "
+                                   "model)" if synthetic else "")),
+            ("data", f"{data_name(cfg)}: the first {cfg.num_samples} training rows, prompt `{cfg.prompt}` ({task})"),
+            ("recipe", recipe(cfg)), ("DeepSpeed", deepspeed_name(cfg))]
+    for name, label in (("eval", f"held-out questions ({task})"), ("recall", "trained questions (recall)")):
+        if f"{name}_exact_match" in m:
+            rows.append((label, f"exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> "
+                                f"{m[f'{name}_exact_match']:.2f}, F1 {m.get(f'{name}_f1_before', 0):.2f} -> "
+                                f"{m.get(f'{name}_f1', 0):.2f} on {m.get(f'{name}_questions', 0):.0f} questions"))
+    if "samples_per_second" in m:
+        rows.append(("speed", f"{m['samples_per_second']:.3g} samples/s, {m.get('tokens_per_second', 0):,.0f} real "
+                              f"tokens/s (steady state), MFU {100 * m.get('mfu', 0):.1f}%"))
+    rows.append(("memory", f"peak GPU {m.get('peak_gpu_allocated_mb', 0) / 1024:.1f} GB allocated "
+                           f"({m.get('peak_gpu_nvml_mb', 0) / 1024:.1f} GB by NVML), host "
+                           f"{m.get('peak_cpu_rss_mb', 0) / 1024:.1f} GB"))
+    if "train_loss" in m:
+        rows.append(("training loss", f"{m['train_loss']:.4g} (mean over the steps)"))
+    rows += [(k, v) for k, v in extra.items()]
+    table = ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+    return "\n".join(front + [f"# {cfg.name}: {KINDS[kind]} of {base}", "",
+                              f"Trained and measured by dsnb {version()} (MLflow run `{run_id}`, experiment "
+                              f"`{cfg.experiment}`); the run's whole config is in dsnb_run.json where dsnb saved this "
+                              "folder.", "", *table, ""])
+
+
+def data_name(cfg: RunConfig) -> str:
+    if cfg.dataset in HUB_DATASETS:
+        return HUB_DATASETS[cfg.dataset]
+    return "dsnb's synthetic SQuAD-format set" if cfg.dataset == "synthetic" else os.path.basename(cfg.dataset)
+
+
+def recipe(cfg: RunConfig) -> str:
+    trained = (f"LoRA r {cfg.lora_r}, alpha {cfg.lora_alpha}, dropout {cfg.lora_dropout} on {cfg.lora_targets}"
+               if cfg.lora_r else "every weight trained")
+    steps = f"{cfg.max_steps} steps" if cfg.max_steps else f"{cfg.epochs:g} epochs"
+    weights = cfg.quantization if cfg.quantization != "none" else "unquantized"
+    return (f"{trained}; base weights {weights}, {cfg.dtype}; "
+            f"lr {cfg.learning_rate:g} (warm-up {cfg.lr_warmup_steps}), batch {cfg.batch_size} x {cfg.grad_accum} "
+            f"x {cfg.num_gpus} GPU(s), {steps}, seed {cfg.seed}")
+
+
+def deepspeed_name(cfg: RunConfig) -> str:
+    if cfg.zero_stage is None:
+        return "none"
+    where = [f"{what} offloaded to {device}" for what, device in (("optimizer", cfg.offload_optimizer),
+                                                                 ("parameters", cfg.offload_param)) if device != "none"]
+    return f"ZeRO-{cfg.zero_stage}" + (f", {', '.join(where)}" if where else "")
+
+
+def version() -> str:
+    try:
+        return metadata.version("dsnb")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"

@@ -1,0 +1,258 @@
+"""Faults a user or a machine throws at dsnb, each class ending in one line that names the path or value and what to
+change, before anything loads where it can be known, with nothing half-written left behind. The file-system faults run
+on real mounts: a read-only bind mount and a tmpfs too small for what is written (skipped where mounting is refused)."""
+import contextlib
+import json
+import os
+import pathlib
+import sqlite3
+import subprocess
+import time
+import uuid
+
+import mlflow
+import pytest
+
+from dsnb.config import OFFLINE, ConfigError, RunConfig
+from dsnb.tracking import create_run, open_store, ui_command
+
+
+@pytest.fixture
+def here(workdir, capsys):
+    """`python -m dsnb ...` in this process: exit code and the last line of stderr."""
+    from dsnb.cli import main
+
+    def call(*args):
+        capsys.readouterr()
+        code = main(list(args))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code != 2 or (len(err) == 1 and "Traceback" not in err[0]), err
+        return code, err[-1] if err else ""
+
+    return call
+
+
+def mount(*args) -> bool:
+    return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A folder on a read-only mount (root ignores file modes, so a mode bit would prove nothing)."""
+    source, target = tmp_path / "ro-source", tmp_path / "ro"
+    source.mkdir()
+    target.mkdir()
+    (source / "inside").mkdir()
+    if not (mount("--bind", str(source), str(target)) and mount("-o", "remount,ro,bind", str(target))):
+        pytest.skip("this machine refuses mounts (they need root and CAP_SYS_ADMIN)")
+    yield target
+    subprocess.run(["umount", str(target)], check=True)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 2 MB tmpfs: full after the first 2 MB written."""
+    target = tmp_path / "tiny"
+    target.mkdir()
+    if not mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(target)):
+        pytest.skip("this machine refuses mounts (they need root and CAP_SYS_ADMIN)")
+    yield target
+    subprocess.run(["umount", str(target)], check=True)
+
+
+def a_store_with_a_run(workdir, size_mb: float = 3) -> str:
+    """A store holding one finished run with an artifact of `size_mb` MB of random bytes (zip cannot shrink it)."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    run_id = create_run(RunConfig(**OFFLINE, tracking_uri=uri, run_name="stored"))
+    blob = workdir / "blob.bin"
+    blob.write_bytes(os.urandom(int(size_mb * 2**20)))
+    client = mlflow.MlflowClient(uri)
+    client.log_artifact(run_id, str(blob))
+    client.set_terminated(run_id)
+    blob.unlink()
+    return run_id
+
+
+def test_a_read_only_place_is_refused_before_anything_loads(here, read_only):
+    code, err = here("run", "--offline", "--output_dir", str(read_only / "runs"))
+    assert code == 2 and "output_dir" in err and "cannot be written to (read-only?)" in err
+    code, err = here("run", "--offline", "--tracking_uri", f"sqlite:///{read_only}/mlflow.db")
+    assert code == 2 and "is not a folder dsnb can write to (read-only?)" in err
+    a_store_with_a_run(pathlib.Path.cwd(), 0.01)
+    code, err = here("export", "-o", str(read_only / "store.zip"))
+    assert code == 2 and "cannot be written to (read-only?)" in err
+    code, err = here("save", "--run_id", "x", "-o", str(read_only / "adapter"))
+    assert code == 2 and "cannot be written to (read-only?)" in err
+    assert os.listdir(read_only) == ["inside"]
+
+
+def test_a_full_disk_is_refused_or_leaves_nothing_half_written(here, workdir, tiny_disk):
+    a_store_with_a_run(workdir, 3)
+    code, err = here("export", "-o", str(tiny_disk / "store.zip"))
+    assert code == 2 and "No space left on device" in err and "free space there" in err
+    assert os.listdir(tiny_disk) == []  # no .partial, no empty zip
+    (tiny_disk / "filler").write_bytes(b"x" * (2 * 2**20 - 64 * 1024))
+    code, err = here("run", "--offline", "--output_dir", str(tiny_disk / "runs"))
+    assert code == 2 and "output_dir" in err and "MB free but this run writes about" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--output_dir", "a_file"], "output_dir a_file is a file, not a folder"),
+    (["--tracking_uri", "sqlite:///a_folder"], "a_folder is a folder; name the database file in it"),
+    (["--tracking_uri", "sqlite:///:memory:"], "keeps the store in memory, so every run is lost"),
+    (["--output_dir", "x" * 300], "over the file-name limit of 255"),
+    (["--experiment", "e" * 600], "experiment must be at most 250 printable characters"),
+    (["--tracking_uri", "postgresql://u:p@127.0.0.1:9/db"], "needs the database driver psycopg2"),
+])
+def test_wrong_places_and_values_are_named(here, workdir, flags, message):
+    (workdir / "a_file").write_text("")
+    (workdir / "a_folder").mkdir()
+    code, err = here("check", "--offline", *flags)
+    assert code == 2 and message in err, err
+    assert "u:p@" not in err
+
+
+def test_a_cache_folder_that_cannot_be_written_is_named(here, workdir, read_only, monkeypatch):
+    monkeypatch.setenv("DSNB_CACHE", str(read_only / "cache"))
+    code, err = here("check", "--offline")
+    assert code == 2 and "DSNB_CACHE" in err and "cannot be written to" in err
+    (workdir / "cache_file").write_text("")
+    monkeypatch.setenv("DSNB_CACHE", str(workdir / "cache_file"))
+    code, err = here("check", "--offline")
+    assert code == 2 and "DSNB_CACHE" in err and "is a file, not a folder" in err
+
+
+def test_a_locked_store_is_refused_in_seconds(here, workdir):
+    a_store_with_a_run(workdir, 0.01)
+    holder = sqlite3.connect(workdir / "mlflow.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a database browser with a write open
+    try:
+        started = time.time()
+        code, err = here("check", "--offline")
+        assert code == 2 and "is locked by another program" in err
+        assert time.time() - started < 30
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert here("check", "--offline")[0] == 0
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{not json", "is not a bench result's JSON"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "is not a bench result's JSON"),
+    (b"[1, 2]", "holds no bench variants"),
+    (b'{"variants": "none"}', "holds no bench variants"),
+])
+def test_a_bench_baseline_of_the_wrong_shape_is_named(here, workdir, content, message):
+    (workdir / "base.json").write_bytes(content)
+    code, err = here("bench", "--offline", "--baseline", "base.json")
+    assert code == 2 and "--baseline base.json" in err and message in err
+
+
+def test_bench_out_naming_a_file_is_refused_before_any_run(here, workdir):
+    (workdir / "results").write_text("")
+    code, err = here("bench", "--offline", "--out", "results")
+    assert code == 2 and "--out results is a file" in err
+    assert not (workdir / "mlflow.db").exists()
+
+
+def test_a_deepspeed_config_whose_precision_contradicts_the_run_is_named(here, workdir):
+    (workdir / "ds.json").write_text(json.dumps({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}))
+    code, err = here("check", "--offline", "--strategy", "zero2", "--ds_config_path", "ds.json")
+    assert code == 2 and "fp16.enabled is True but the run's dtype is fp32" in err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("strategy: zero1\nstrategy: zero2\n", "'strategy' is given twice"),
+    ("[]\n", "must hold field: value pairs, not list"),
+    ("false\n", "must hold field: value pairs, not bool"),
+])
+def test_a_yaml_file_dsnb_would_misread_is_refused(here, workdir, text, message):
+    (workdir / "v.yaml").write_text(text)
+    code, err = here("check", "--offline", "-f", "v.yaml")
+    assert code == 2 and "v.yaml" in err and message in err
+    (workdir / "s.yaml").write_text("variants:\n  - {run_name: a}\n  - {run_name: b}\nvariants: []\n")
+    code, err = here("sweep", "--offline", "-f", "s.yaml")
+    assert code == 2 and "'variants' is given twice" in err
+    (workdir / "c.yaml").write_text("models: [synthetic:tiny]\nbudgets_gb: [15]\n"
+                                    "variants:\n  a: {}\n  a: {lora_r: 0}\n")
+    code, err = here("capacity", "--offline", "-f", "c.yaml")
+    assert code == 2 and "'a' is given twice" in err
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("DSNB_OFFLINE", "maybe", "DSNB_OFFLINE is 'maybe'; set it to 1"),
+    ("DSNB_CUDAGRAPHS", "0", "DSNB_CUDAGRAPHS is no longer read: set the run-config field cuda_graphs"),
+    ("DSNB_OFLINE", "1", "DSNB_OFLINE is not a variable dsnb reads"),
+])
+def test_an_environment_switch_dsnb_does_not_understand_is_an_error(here, monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    code, err = here("check", "--offline")
+    assert code == 2 and message in err
+
+
+def test_reading_commands_never_create_a_store(here, workdir):
+    code, err = here("save", "--run_id", "abc", "-o", "out", "--tracking_uri", "sqlite:///typo.db")
+    assert code == 2 and "there is no store at" in err
+    code, err = here("ui", "--tracking_uri", "sqlite:///typo.db")
+    assert code == 2 and "there is no store at" in err
+    assert not (workdir / "typo.db").exists() and not (workdir / "out").exists()
+
+
+def test_export_refuses_what_would_lose_or_loop(here, workdir):
+    a_store_with_a_run(workdir, 0.01)
+    for dest, message in (("", "give a file name"),
+                          ("mlartifacts/x.zip", "would sit inside the store's own artifacts")):
+        code, err = here("export", "-o", dest)
+        assert code == 2 and message in err, err
+    (workdir / "corrupt").mkdir()
+    (workdir / "corrupt" / "mlflow.db").write_bytes(b"SQLite format 3\x00" + os.urandom(4096))
+    code, err = here("export", "--tracking_uri", "sqlite:///corrupt/mlflow.db", "-o", "c.zip")
+    assert code == 2 and "is not a readable MLflow store" in err
+    assert sorted(p.name for p in workdir.iterdir() if p.suffix in (".zip", ".partial")) == []
+
+
+def test_the_ui_command_is_quoted_for_the_shell_and_names_the_store(workdir):
+    folder = workdir / "my runs"
+    command = ui_command(f"sqlite:///{folder}/mlflow.db")
+    assert f"--backend-store-uri 'sqlite:///{folder}/mlflow.db' --host 127.0.0.1" in command
+    assert "***@" in ui_command("http://user:secret@host:5000") and "secret" not in ui_command("http://u:secret@h")
+
+
+def test_a_zip_that_is_no_store_is_named(workdir):
+    (workdir / "dsnb_mlflow.zip").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(ConfigError, match="dsnb_mlflow.zip is not a readable zip"):
+        open_store("dsnb_mlflow.zip")
+    assert not (workdir / "dsnb_mlflow").exists()
+
+
+def test_a_data_file_with_no_answer_at_all_is_refused(here, workdir):
+    rows = [{"question": f"question {i}?", "answers": {"text": []}} for i in range(70)]
+    (workdir / "empty.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    code, err = here("check", "--offline", "--dataset", "empty.jsonl")
+    assert code == 2 and "has an empty answer" in err
+
+
+def test_a_plan_says_when_no_step_is_timed(here, workdir, capsys):
+    from dsnb.cli import main
+
+    assert main(["check", "--offline", "--max_steps", "1"]) == 0
+    assert "leaves none of the 1 steps timed" in capsys.readouterr().out
+
+
+def test_a_push_to_a_name_the_hub_refuses_writes_nothing(here, workdir):
+    code, err = here("save", "--run_id", uuid.uuid4().hex, "-o", "pushed", "--push_to", "me/bad name!!",
+                     "--token", "hf_x")
+    assert code == 2 and "which the hub does not take as a repository name" in err
+    assert not (workdir / "pushed").exists()
+
+
+def test_credentials_are_masked_wherever_a_uri_is_shown():
+    with contextlib.suppress(ConfigError):
+        RunConfig(tracking_uri="http://me:hf_topsecret@host:5000", experiment="")
+    try:
+        RunConfig(tracking_uri="http://me:hf_topsecret@host:5000", experiment="")
+    except ConfigError as e:
+        assert "topsecret" not in str(e) and "topsecret" not in "".join(e._render_traceback_())
+    error = ConfigError("tracking_uri https://me:hf_topsecret@host/x does not answer")
+    assert str(error) == "tracking_uri https://***@host/x does not answer"

@@ -1,0 +1,105 @@
+"""What the reports say about runs, read back from a real MLflow store: answers joined on the question, the same-work
+check over every field that sets the work, and speed verdicts that name a busy machine and their false-alarm rate."""
+import json
+
+import mlflow
+import pytest
+
+from dsnb.config import NOT_WORK, OFFLINE, WORK_FIELDS, RunConfig, field_names
+from dsnb.report import answers, same_work, verdict
+from dsnb.tracking import RunResult, create_run, log_json, mlflow_client
+
+
+def logged(workdir, name, metrics, rows=None, **changes) -> RunResult:
+    """A finished run as training leaves it: its config as params, its metrics and answers.json."""
+    cfg = RunConfig(**dict(OFFLINE, tracking_uri=f"sqlite:///{workdir}/mlflow.db", run_name=name, **changes))
+    run_id = create_run(cfg)
+    client = mlflow_client(cfg.tracking_uri)
+    client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, 0, 0) for k, v in metrics.items()])
+    client.log_param(run_id, "eval_task", "reading the passage")
+    client.log_param(run_id, "eval_set", "abc123")
+    client.log_metric(run_id, "loss", 2.0, step=1)
+    if rows is not None:
+        with mlflow.start_run(run_id=run_id):
+            log_json(rows, "answers.json")
+    client.set_terminated(run_id)
+    return RunResult.read(cfg.tracking_uri, run_id)
+
+
+def rows(ids, after, before="x"):
+    return [{"set": "eval", "id": i, "question": f"question {i}?", "gold": [f"gold {i}"], "before": before,
+             "after": a, "after_em": float(a == f"gold {i}")} for i, a in zip(ids, after, strict=True)]
+
+
+def test_answers_are_joined_on_the_question_and_shown_whole(workdir):
+    long = "a long answer " * 20
+    first = logged(workdir, "first", {}, rows(["q1", "q2", "q3"], ["gold q1", long, "no"]))
+    second = logged(workdir, "second", {}, rows(["q3", "q1"], ["gold q3", "nope"]))  # other order, fewer questions
+    third = logged(workdir, "third", {}, rows(["q4"], ["gold q4"]))
+    styled = answers([first, second, third, None])
+    table = styled.data
+    assert list(table["question"]) == ["question q1?", "question q2?", "question q3?", "question q4?"]
+    assert list(table["second: after"]) == ["nope", "(not asked)", "gold q3", "(not asked)"]
+    assert list(table["first: after"])[1] == long  # never cut short
+    assert "white-space: pre-wrap" in styled.to_html()
+    assert len(answers([first, second], n=2).data) == 2
+
+
+def test_same_work_compares_every_field_that_sets_the_work(workdir):
+    assert set(WORK_FIELDS) | set(NOT_WORK) == set(field_names()) and not set(WORK_FIELDS) & set(NOT_WORK)
+    for field, value in (("prompt", "eos"), ("eval_samples", 8), ("quantization", "none"), ("dtype", "bf16"),
+                         ("lora_r", 8), ("lr_warmup_steps", 3), ("scoring", "squad")):
+        base = logged(workdir / field, "base", {})
+        other = logged(workdir / field, "other", {}, **{field: value})
+        text = same_work([base, other])
+        assert text.splitlines()[0].strip().startswith(f"config: DIFFERENT {field}"), (field, text)
+    a, b = logged(workdir / "same", "a", {}), logged(workdir / "same", "b", {}, strategy="zero2",
+                                                     offload_optimizer="cpu")
+    assert "same in all" in same_work([a, b])  # DeepSpeed is how it runs, not what it trains
+
+
+def test_held_out_answers_are_judged_paired_and_all_zero_is_no_signal(workdir):
+    ids = [f"q{i}" for i in range(64)]
+    right = [f"gold {i}" for i in ids]
+    base = logged(workdir, "base", {}, rows(ids, right))
+    worse = logged(workdir, "worse", {}, rows(ids, right[:20] + ["no"] * 44))
+    assert "DIFFER (p = 0.000" in same_work([base, worse])
+    nothing = [logged(workdir / "zero", name, {}, rows(ids, ["no"] * 64)) for name in ("a", "b")]
+    text = same_work(nothing)
+    assert "no signal: every answer of both variants scored 0" in text and "agree" not in text.split("held-out")[-1]
+
+
+def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
+    idle = dict(host_other_cores=0.02, host_cores=16.0, peak_cpu_rss_mb=1000.0)
+    base = [logged(workdir, "Without_DeepSpeed", dict(idle, samples_per_second=10.0 + i)) for i in range(3)]
+    fast = [logged(workdir, "With_DeepSpeed", dict(idle, samples_per_second=20.0 + i)) for i in range(3)]
+    text = verdict(base + fast)
+    assert "larger than the run-to-run spread (p = 0.10" in text and "UNRELIABLE" not in text
+    busy = logged(workdir / "busy", "With_DeepSpeed", dict(idle, samples_per_second=21.0, host_other_cores=3.0))
+    calm = logged(workdir / "busy", "Without_DeepSpeed", dict(idle, samples_per_second=10.0))
+    text = verdict([calm, busy])
+    assert "UNRELIABLE: 1 of the 2 runs were timed on a busy machine (other processes used up to 3.0 of its 16" in text
+
+
+def test_a_busy_machine_is_measured_during_the_timed_steps():
+    """host_load over two snapshots: another process's busy loop shows as other cores."""
+    import subprocess
+    import sys
+    import time
+
+    from dsnb.metrics import host_load, host_snapshot
+
+    start = host_snapshot()
+    time.sleep(1.0)
+    idle = host_load(start, host_snapshot())
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        start = host_snapshot()
+        time.sleep(2.0)
+        busy = host_load(start, host_snapshot())
+    finally:
+        spinner.kill()
+    assert busy["host_other_cores"] > 0.7 and busy["host_other_cores"] > idle["host_other_cores"] + 0.5
+    assert json.dumps(busy)  # plain numbers, loggable as metrics
+    pytest.importorskip("psutil")
