@@ -9,10 +9,11 @@ A notebook uses it like this:
     dsnb.plot_runs(results); dsnb.answers(results)
 
 Modules, lowest layer first (each imports only from those before it): config; data, model, zero, metrics,
-estimate, evaluate; preflight; tracking; loop, train; launch, publish; sweep, bench, capacity; report;
-notebook; cli.
+estimate, evaluate, card; preflight; tracking; flat_step, loop, train; launch, publish; compare, sweep, bench,
+capacity; report; notebook; cli.
 """
 from .capacity import run_capacity
+from .compare import compare, quality_check, tutorial_pair
 from .config import OFFLINE, ConfigError, RunConfig
 from .launch import run_all, run_variant
 from .notebook import from_notebook, preview
@@ -20,7 +21,6 @@ from .preflight import check, pick_device
 from .publish import load_saved, push_to_hub, save_model
 from .report import (answers, best_for_budget, compare_table, find_runs, plot_runs, quality_verdict, same_work,
                      savings_table, verdict)
-from .sweep import compare, quality_check, tutorial_pair
 from .tracking import RunResult, download_store, export_store, open_store, ui_command
 
 __all__ = ["OFFLINE", "ConfigError", "RunConfig", "RunResult", "from_notebook", "preview", "check", "pick_device",

@@ -215,7 +215,7 @@ def cmd_check(args) -> int:
 
 def cmd_compare(args) -> int:
     from .report import compare_table, format_table, same_work, verdict
-    from .sweep import compare
+    from .compare import compare
     from .tracking import ui_command
 
     cfg = build_config(args)

@@ -33,16 +33,18 @@ _LOCK = threading.Lock()
 
 
 def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None, env: dict | None = None,
-                beside: int = 1) -> RunResult:
+                beside: int = 1, resume: tuple[str, str] | None = None) -> RunResult:
     """Run cfg in a fresh Python process as one MLflow run; never raises for a failed run.
 
     env adds variables to the child's environment (CUDA_VISIBLE_DEVICES, say); beside: how many variants share the
-    host at once (their cores are shared out: child_env).
+    host at once (their cores are shared out: child_env); resume: (run id, checkpoint) to continue that run from.
     """
     from tqdm.auto import tqdm
 
     preflight.check(cfg)
-    run_id = tracking.create_run(cfg, tags, os.environ.pop(SWEEP_RUN_ENV, None))
+    if resume:
+        tracking.reopen_run(resume[0], cfg.tracking_uri)
+    run_id = tracking.create_run(cfg, tags, resume[0] if resume else os.environ.pop(SWEEP_RUN_ENV, None))
     bar = tqdm(desc=cfg.name, unit="step", disable=not progress, leave=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dsnb-") as tmp:
@@ -50,7 +52,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
         child_file = os.path.join(tmp, "child.json")
         with open(child_file, "w") as f:
             json.dump({"config": cfg.to_dict(), "run_id": run_id, "progress": progress_file,
-                       "parent_pid": os.getpid()}, f)
+                       "parent_pid": os.getpid(), "checkpoint": resume[1] if resume else None}, f)
         # Several GPUs: torchrun starts one process per GPU; each rank trains, rank 0 logs into run_id.
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
         command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
@@ -162,11 +164,12 @@ def _tail(path: str, lines: int = 15) -> str:
         return "".join(f.readlines()[-lines:])
 
 
-def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1,
-            tags: list[dict] | None = None) -> list[RunResult]:
+def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1, tags: list[dict] | None = None,
+            resumes: list | None = None) -> list[RunResult]:
     """Run each config with run_variant, with a bar over the variants; return every result, in order.
 
-    gpus > 1 runs that many at a time, each on a GPU of its own (CUDA_VISIBLE_DEVICES); tags[i] tags run i.
+    gpus > 1 runs that many at a time, each on a GPU of its own (CUDA_VISIBLE_DEVICES); tags[i] tags run i;
+    resumes[i], where given, is the (run id, checkpoint) run i continues.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -184,7 +187,7 @@ def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1,
         try:
             env = {"CUDA_VISIBLE_DEVICES": gpu} if side_by_side else {}
             return run_variant(cfgs[i], progress=progress and not side_by_side, tags=tags[i] if tags else None,
-                               env=env, beside=gpus if side_by_side else 1)
+                               env=env, beside=gpus if side_by_side else 1, resume=resumes[i] if resumes else None)
         finally:
             if gpu is not None:
                 free.append(gpu)
@@ -249,7 +252,7 @@ def child_main(path: str) -> int:
                 f.write(json.dumps(record) + "\n")
 
     try:
-        metrics = train(cfg, child["run_id"], reporter=ToParent())
+        metrics = train(cfg, child["run_id"], child.get("checkpoint"), reporter=ToParent())
     except KeyboardInterrupt:
         print("dsnb: interrupted; the run is recorded KILLED with what it measured so far", file=sys.stderr)
         import psutil

@@ -1,6 +1,5 @@
-"""Several variants, one fresh process each, a failure never stopping the rest.
+"""A sweep: a notebook executed once per variant with papermill, one fresh kernel each, a failure stopping nothing.
 
-    results = run_all(tutorial_pair(RunConfig(**OFFLINE)))    # launch.run_all: Without_DeepSpeed, With_DeepSpeed
     results = run_sweep("variants/sweep_zero_stages.yaml")    # papermill: one fresh kernel per variant
 
 A sweep file (YAML, headed by the command that runs it):
@@ -22,34 +21,6 @@ from .launch import SWEEP_RUN_ENV
 from .tracking import RunResult, mlflow_client
 
 SWEEP_KEYS = {"notebook", "base", "variants", "output_dir"}
-
-
-def compare(cfg: RunConfig, progress: bool = True) -> list[RunResult]:
-    """The tutorial's pair, each variant run cfg.runs_each times, interleaved so drift on a shared machine hits
-    both alike; report.compare_table and report.verdict pool the repeats."""
-    from .launch import run_all
-
-    pair, n = tutorial_pair(cfg), cfg.runs_each
-    return run_all([c for _ in range(n) for c in pair], progress=progress,
-                   tags=[{"repeat": str(i)} for i in range(n) for _ in pair])
-
-
-def quality_check(cfg: RunConfig, progress: bool = True) -> RunResult | None:
-    """The offline check that training teaches (the quality preset: synthetic:small learns the synthetic facts and
-    answers held-out paraphrases), logged to cfg's store and experiment; None where cfg.eval_samples is 0."""
-    from .launch import run_variant
-
-    if not cfg.eval_samples:
-        return None
-    return run_variant(RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri,
-                                          "experiment": cfg.experiment}), progress=progress)
-
-
-def tutorial_pair(cfg: RunConfig) -> list[RunConfig]:
-    """The tutorial's two runs on cfg's model and data: no DeepSpeed, then ZeRO-2 with CPU optimizer offload."""
-    return [cfg.replace(strategy="baseline", offload_optimizer="none", offload_param="none",
-                        run_name="Without_DeepSpeed"),
-            cfg.replace(strategy="zero2", offload_optimizer="cpu", offload_param="none", run_name="With_DeepSpeed")]
 
 
 def load_sweep(path: str, offline: bool = False, overrides: dict | None = None) -> tuple[str, list[RunConfig], str]:

@@ -215,8 +215,13 @@ def same_config(run, cfg: RunConfig) -> bool:
     return all(run.data.params.get(k) == v for k, v in logged_params(cfg).items())
 
 
+HEARTBEAT_S = 30  # a training process tags its run this often (dsnb.alive), so a run whose machine is gone shows
+STALE_S = 120  # ... and a RUNNING run not tagged for this long has lost its process (a Colab runtime that ended)
+
+
 def mark_stale_runs(client) -> list[str]:
-    """Mark KILLED the RUNNING runs whose owning process on this host is gone (killed before it could)."""
+    """Mark KILLED the RUNNING runs whose process is gone: on this host, its pid has ended; anywhere (a Colab runtime
+    that ended, its store on Drive), its heartbeat stopped more than STALE_S ago."""
     import psutil
 
     stale = []
@@ -224,12 +229,51 @@ def mark_stale_runs(client) -> list[str]:
     experiments = [e.experiment_id for e in client.search_experiments()]
     for run in search(client, experiments, "attributes.status = 'RUNNING'") if experiments else []:
         tags = run.data.tags
-        if tags.get("dsnb.host") == host and tags.get("dsnb.pid") and not psutil.pid_exists(int(tags["dsnb.pid"])):
+        gone = tags.get("dsnb.host") == host and tags.get("dsnb.pid") and not psutil.pid_exists(int(tags["dsnb.pid"]))
+        silent = time.time() - float(tags.get("dsnb.alive", run.info.start_time / 1000)) > STALE_S and \
+            "dsnb.alive" in tags
+        if gone or silent:
+            why = f"process {tags.get('dsnb.pid')} ended" if gone else \
+                f"its process on {tags.get('dsnb.host')} stopped reporting"
             client.set_tag(run.info.run_id, "failure", "killed")
-            client.set_tag(run.info.run_id, "error", f"process {tags['dsnb.pid']} ended without closing this run")
+            client.set_tag(run.info.run_id, "error", f"{why} without closing this run")
             client.set_terminated(run.info.run_id, status="KILLED")
             stale.append(run.info.run_id)
     return stale
+
+
+@contextlib.contextmanager
+def heartbeat(run_id: str | None, tracking_uri: str):
+    """While the block runs, tag the run dsnb.alive (the time) every HEARTBEAT_S seconds from a thread: a run whose
+    process dies with its machine is then known to be gone (mark_stale_runs), wherever its store is read."""
+    import threading
+
+    if run_id is None:
+        yield
+        return
+    client, stop = mlflow_client(tracking_uri), threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # a store busy for a moment: the next beat will do
+                client.set_tag(run_id, "dsnb.alive", str(int(time.time())))
+            stop.wait(HEARTBEAT_S)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def reopen_run(run_id: str, tracking_uri: str) -> None:
+    """A KILLED run that is resumed: RUNNING again, owned by this process."""
+    client = mlflow_client(tracking_uri)
+    client.update_run(run_id, status="RUNNING")
+    client.set_tag(run_id, "dsnb.host", socket.gethostname())
+    client.set_tag(run_id, "dsnb.pid", str(os.getpid()))
 
 
 def finish(run_id: str, tracking_uri: str, status: str) -> None:
@@ -391,28 +435,37 @@ def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> 
 
 def resumable_run(cfg: RunConfig) -> tuple[str, str]:
     """(run id, last checkpoint) of the newest FAILED or KILLED run named like cfg's that left a checkpoint."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     experiment = experiment_id(cfg)
     client = mlflow_client(cfg.tracking_uri)
     mark_stale_runs(client)
     runs = search(client, [experiment], "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
                   order_by=["attributes.start_time DESC"])
     for run in (r for r in runs if r.info.run_name == cfg.name):
-        folder = os.path.join(cfg.output_dir, run.info.run_id)
-        checkpoint = get_last_checkpoint(folder) if os.path.isdir(folder) else None
+        checkpoint = last_checkpoint(run, cfg)
         if checkpoint:
-            if not same_config(run, cfg):
-                raise ConfigError(f"run {cfg.name} ({run.info.run_id}) was started with another config; resume it "
-                                  "with the same fields, or drop --resume to start afresh")
-            state = read_json(os.path.join(checkpoint, "trainer_state.json"))
-            if state.get("max_steps") and state.get("global_step", 0) >= state["max_steps"]:
-                raise ConfigError(f"run {cfg.name} ({run.info.run_id}) had trained all {state['max_steps']} steps when "
-                                  f"it stopped ({checkpoint}): nothing is left to train, and its recorded numbers stay "
-                                  f"as they are ({run.info.status}); run without --resume to measure it afresh")
             return run.info.run_id, checkpoint
     raise ConfigError(f"nothing to resume: no failed or killed run named {cfg.name} with a checkpoint under "
                       f"{cfg.output_dir}/ (set checkpoint_steps to save them); run without --resume")
+
+
+def last_checkpoint(run, cfg: RunConfig) -> str | None:
+    """The run's newest complete checkpoint under cfg.output_dir, if it has one; a ConfigError where the run was
+    started with another config, or its checkpoint leaves nothing to train."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = os.path.join(cfg.output_dir, run.info.run_id)
+    checkpoint = get_last_checkpoint(folder) if os.path.isdir(folder) else None
+    if not checkpoint:
+        return None
+    if not same_config(run, cfg):
+        raise ConfigError(f"run {cfg.name} ({run.info.run_id}) was started with another config; resume it "
+                          "with the same fields, or drop --resume to start afresh")
+    state = read_json(os.path.join(checkpoint, "trainer_state.json"))
+    if state.get("max_steps") and state.get("global_step", 0) >= state["max_steps"]:
+        raise ConfigError(f"run {cfg.name} ({run.info.run_id}) had trained all {state['max_steps']} steps when "
+                          f"it stopped ({checkpoint}): nothing is left to train, and its recorded numbers stay "
+                          f"as they are ({run.info.status}); run without --resume to measure it afresh")
+    return checkpoint
 
 
 class Curve:

@@ -267,7 +267,8 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
     reporter = (reporter or Reporter()) if log else Silent()
     # Under a multi-process launcher only rank 0 records the run.
     session = None
-    with (tracking.tracked_run(cfg, run_id) if log else contextlib.nullcontext()) as run, PeakMemory(device) as mem:
+    with (tracking.tracked_run(cfg, run_id) if log else contextlib.nullcontext()) as run, PeakMemory(device) as mem, \
+            tracking.heartbeat(run.info.run_id if run else None, cfg.tracking_uri):
         try:
             session = set_up(cfg, device, run.info.run_id if run else None, reporter)
             if log:

@@ -103,3 +103,42 @@ def test_a_checkpoint_of_the_last_step_leaves_nothing_to_train_and_the_record_st
     with pytest.raises(ConfigError, match="nothing to resume"):
         resumable_run(cfg)
     assert os.listdir(workdir / "runs" / run_id) == []
+
+
+def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did_not(workdir):
+    """The whole comparison killed mid-way (a Colab runtime that ends): running it again keeps the finished variant,
+    resumes the interrupted one from its checkpoint into its own run, and says so; run once more, a new comparison."""
+    import signal
+    import time
+
+    flags = ["compare", "--offline", "--max_steps", "8", "--checkpoint_steps", "2", "--logging_steps", "1",
+             "--repeats", "1", "--eval_samples", "0", "--save_model", "false"]
+    child = subprocess.Popen([sys.executable, "-m", "dsnb", *flags], cwd=workdir, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client, target = None, None
+    deadline = time.time() + 600
+    while child.poll() is None and time.time() < deadline:
+        if (workdir / "mlflow.db").exists():
+            client = client or mlflow_client(f"sqlite:///{workdir}/mlflow.db")
+            exp = client.get_experiment_by_name("DeepSpeed_Comparison")
+            runs = client.search_runs([exp.experiment_id]) if exp else []
+            target = next((r for r in runs if r.info.run_name == "With_DeepSpeed"), None)
+            if target and any(m.step >= 3 for m in client.get_metric_history(target.info.run_id, "loss")):
+                os.killpg(child.pid, signal.SIGKILL)
+                break
+        time.sleep(0.2)
+    child.wait()
+    assert target is not None and child.returncode == -9
+    again = dsnb(*flags, cwd=workdir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Without_DeepSpeed (repeat 1): kept its FINISHED run" in again.stdout
+    assert f"With_DeepSpeed (repeat 1): resumes its interrupted run {target.info.run_id} from checkpoint-" in \
+        again.stdout
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert sorted((r.info.run_name, r.info.status) for r in runs) == [("With_DeepSpeed", "FINISHED"),
+                                                                      ("Without_DeepSpeed", "FINISHED")]
+    assert loss_curve(client, target.info.run_id)[0] == list(range(1, 9))
+    once_more = dsnb(*flags, cwd=workdir)
+    assert once_more.returncode == 0 and "kept" not in once_more.stdout
+    assert len(client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])) == 4
