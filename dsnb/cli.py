@@ -72,6 +72,7 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
     run.add_argument("--resume", action="store_true", help="continue the newest failed or killed run of this "
                      "name from its last checkpoint (needs checkpoint_steps), into the same MLflow run")
+    run.add_argument("--verbose", action="store_true", help="print every metric at the end, not only the summary")
     sub.add_parser("check", parents=[common], help="check a variant without training: its fields, this machine, "
                    "its data (read and validated), and its GPU and host-RAM estimates")
     sub.add_parser("compare", parents=[common], help="run the tutorial's pair and print the table")
@@ -198,7 +199,12 @@ def cmd_run(args) -> int:
         traceback.print_exc()
         print(f"dsnb: the run failed; {tracking.what_was_recorded(cfg.tracking_uri, run_id)}", file=sys.stderr)
         return 1
-    print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
+    if preflight.is_rank0():
+        from .report import run_summary
+
+        print(run_summary(metrics, cfg, run_id))
+        if args.verbose:
+            print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
     return 0
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import shutil
 import tempfile
+import warnings
 
 from .config import ConfigError, RunConfig, describe
 
@@ -175,14 +177,21 @@ def load_model(cfg: RunConfig, device: str, tokenizer=None):
     """(model, tokenizer): cfg.model in cfg's precision and quantization, with LoRA adapters when lora_r > 0."""
     tokenizer = tokenizer or load_tokenizer(cfg)
     model = load_base(cfg, device)
+    # The tokenizer's pad token (the EOS, as the tutorial sets it) in the model's configs, so transformers does not
+    # align them itself with a notice at every run.
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
     if cfg.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
         targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else cfg.lora_targets.split(",")
         try:
-            model = get_peft_model(model, LoraConfig(
-                r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
-                bias="none", task_type="CAUSAL_LM"))
+            with warnings.catch_warnings():  # peft asks transformers' deprecated is_gradient_checkpointing itself
+                warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+                model = get_peft_model(model, LoraConfig(
+                    r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=cfg.lora_dropout,
+                    bias="none", task_type="CAUSAL_LM"))
         except ValueError as e:
             raise ConfigError(f"lora_targets {cfg.lora_targets!r} do not fit this model ({describe(e)})") from None
         check_targets(cfg, model)
@@ -196,6 +205,7 @@ def load_base(cfg: RunConfig, device: str, path: str | None = None):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     dtype = getattr(torch, TORCH_DTYPES[cfg.dtype])
+    quiet_quantization_notes()
     if cfg.lora_r == 0 and cfg.dtype == "fp16":
         dtype = torch.float32  # fp16 AMP cannot unscale fp16 gradients: full fine-tuning keeps fp32 masters
     kwargs: dict = {"dtype": dtype}
@@ -221,6 +231,13 @@ def load_base(cfg: RunConfig, device: str, path: str | None = None):
         raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)})") from None
     model.config.use_cache = False
     return model
+
+
+def quiet_quantization_notes() -> None:
+    """bitsandbytes' notes that tell a user nothing to do: 8-bit matmuls casting fp32 inputs to fp16 (at every call, on
+    the CPU's fp32 runs) and 4-bit on the CPU lacking an optional kernel package (it falls back by itself)."""
+    for name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def build_block_masks_in_graph() -> None:

@@ -27,10 +27,12 @@ _CHECKED: set[str] = set()  # configs this process has already checked (a sweep'
 
 
 def pick_device() -> str:
+    """cuda:<local rank>, or cpu (then DeepSpeed is told so, rather than guessing with a warning at every import)."""
     import torch
 
     if torch.cuda.is_available():
         return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return "cpu"
 
 
@@ -58,7 +60,7 @@ def pin_one_gpu(cfg: RunConfig) -> None:
 def check(cfg: RunConfig, device: str | None = None) -> None:
     """Everything that can be known before loading: raise ConfigError naming what to change."""
     check_environment()
-    device = device or pick_device()
+    device = pick_device() if device is None else device
     key = json.dumps([cfg.to_dict(), device, world_size(), os.environ.get("TORCH_CUDA_ARCH_LIST")], sort_keys=True)
     if key in _CHECKED:
         return

@@ -186,6 +186,43 @@ def busy_runs(loaded: list) -> str:
                                                        else "") + ")")
 
 
+def synthetic_note(model: str | None, preset: str | None = "") -> str:
+    """Beside a score of a synthetic model: what it can mean (the quality preset's model is trained to answer)."""
+    if not (model or "").startswith("synthetic:") or preset == "quality":
+        return ""
+    return f" ({model}: random weights, a few steps: these scores say nothing about a real model)"
+
+
+def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
+    """What a person reads when a run ends: steady-state speed, peaks, loss, scores, and how to open the run (every
+    metric is in MLflow, and with --verbose)."""
+    from .tracking import ui_command
+
+    m = metrics
+    head = f"{cfg.name}" + (f" (run {run_id})" if run_id else "") + ": finished"
+    lines = [head]
+    if "samples_per_second" in m:
+        note = " (start-up included: no step was left untimed)" if m.get("throughput_includes_startup") else ""
+        lines.append(f"  speed    {m['samples_per_second']:.4g} samples/s, {m.get('tokens_per_second', 0):,.0f} real "
+                     f"tokens/s over {m.get('timed_steps', 0):.0f} timed steps{note}; MFU {100 * m.get('mfu', 0):.2f}%")
+    if m.get("host_other_cores", 0) > max(BUSY_CORES, BUSY_SHARE * m.get("host_cores", 1)):
+        lines.append(f"  note     other processes used {m['host_other_cores']:.1f} of the machine's "
+                     f"{m.get('host_cores', 0):.0f} cores meanwhile: the speed is not this run's alone")
+    gpu = (f"GPU {m.get('peak_gpu_allocated_mb', 0) / 1024:.2f} GB allocated "
+           f"({m.get('peak_gpu_nvml_mb', 0) / 1024:.2f} GB by NVML), ") if m.get("peak_gpu_allocated_mb") else ""
+    lines.append(f"  peaks    {gpu}host {m.get('peak_cpu_rss_mb', 0) / 1024:.2f} GB resident")
+    if "train_loss" in m:
+        lines.append(f"  loss     {m['train_loss']:.4g} (the mean over the steps)")
+    for name, label in (("eval", "held-out"), ("recall", "recall")):
+        if f"{name}_exact_match" in m:
+            lines.append(f"  {label:<8} exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> "
+                         f"{m[f'{name}_exact_match']:.2f}, F1 {m.get(f'{name}_f1_before', 0):.2f} -> "
+                         f"{m.get(f'{name}_f1', 0):.2f} on {m.get(f'{name}_questions', 0):.0f} questions"
+                         + synthetic_note(cfg.model, cfg.preset))
+    lines.append(f"  open it  {ui_command(cfg.tracking_uri)}   (every metric: there, or --verbose)")
+    return "\n".join(lines)
+
+
 def format_table(table) -> str:
     def fmt(value):
         if isinstance(value, float):
@@ -291,7 +328,8 @@ def held_out_line(client, base: list, group: list, base_name: str, name: str) ->
     if not test["signal"]:
         return (f"{what}: no signal: every answer of both variants scored {test['a']:.0f} on the {test['questions']} "
                 "questions, so they cannot tell the variants apart")
-    head = f"{what}: {name} {test['b']:.2f} vs {base_name} {test['a']:.2f}, paired over {test['questions']} questions"
+    head = f"{what}: {name} {test['b']:.2f} vs {base_name} {test['a']:.2f}, paired over {test['questions']} questions" \
+        + synthetic_note(group[0].data.params.get("model"), group[0].data.params.get("preset"))
     if test["p"] < ALPHA:
         return head + f": DIFFER (p = {test['p']:.3f} < {ALPHA}: at equal skill this happens {ALPHA:.0%} of the time)"
     return head + f": agree (p = {test['p']:.2f}; a real difference smaller than the questions can show may remain)"

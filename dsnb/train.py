@@ -328,6 +328,11 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     reporter.say(describe_plan(cfg, the_plan))
     if cfg.uses_nvme:
         preflight.check_nvme_space(cfg.nvme_path, the_plan.estimate["est_peak_cpu_offload_mb"])
+    # Seeded before the model is built: LoRA's adapters are drawn at random when peft wraps it, before the Trainer
+    # seeds anything; unseeded, every run (and variant) started from adapters of its own.
+    from transformers import set_seed
+
+    set_seed(cfg.seed)
     model, tokenizer = load_model(cfg, device, the_plan.tokenizer)
     trainable, total = count_parameters(model)
     batches = BatchLog(collator(tokenizer, cfg))

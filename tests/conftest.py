@@ -21,6 +21,14 @@ def workdir(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
+    """The quick tier (python -m pytest -m quick): every test not marked integration, slow or network."""
+    for item in items:
+        if not {"integration", "slow", "network"} & set(item.keywords):
+            item.add_marker(pytest.mark.quick)
+    order(items)
+
+
+def order(items):
     """Longest first, so the two xdist workers (pyproject's addopts) end together: the notebooks under nbval (about
     9 minutes on 2 cores), then the other integration tests (each starts processes that import torch, transformers,
     peft, DeepSpeed and MLflow: about 20 s apiece), then the unit tests."""

@@ -56,10 +56,19 @@ def test_rejected_combinations_name_the_field(changes, field):
     assert str(err.value).startswith(field), str(err.value)
 
 
-@pytest.mark.parametrize("padding", ["packed", "filled"])
-def test_packed_and_filled_rows_compile_with_flex(padding):
-    cfg = RunConfig(attention="flex", torch_compile=True, quantization="none", dtype="bf16", padding=padding)
-    assert (cfg.padding, cfg.attention) == (padding, "flex")
+@pytest.mark.parametrize("padding", ["packed", "filled", "max_length", "bucket"])
+def test_flex_attention_takes_packed_or_filled_rows_in_the_compiled_loop_without_deepspeed(padding):
+    flex = dict(attention="flex", torch_compile=True, quantization="none", dtype="bf16", padding=padding)
+    if padding not in ("packed", "filled"):  # padded batches have no blocks to skip
+        with pytest.raises(ConfigError, match="flex is for packed rows in the compiled loop"):
+            RunConfig(**flex)
+        return
+    cfg = RunConfig(**flex)
+    assert cfg.name == "baseline_lora16_bf16_compiled_flex"  # in the run's name: it changes how the step runs
+    with pytest.raises(ConfigError, match="flex is for packed rows in the compiled loop"):
+        RunConfig(**dict(flex, torch_compile=False))
+    with pytest.raises(ConfigError, match="flex has been measured without DeepSpeed only"):
+        RunConfig(**dict(flex, strategy="zero2"))
 
 
 def test_strings_from_the_command_line_are_coerced():
