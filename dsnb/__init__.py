@@ -12,19 +12,32 @@ Modules, lowest layer first (each imports only from those before it): config; da
 estimate, evaluate, card; preflight; tracking; flat_step, loop, train; launch, publish; compare, sweep, bench,
 capacity; report; notebook; cli.
 """
-from .capacity import run_capacity
-from .compare import compare, quality_check, tutorial_pair
-from .config import OFFLINE, ConfigError, RunConfig
-from .launch import run_all, run_variant
-from .notebook import from_notebook, preview
-from .preflight import check, pick_device
-from .publish import load_saved, push_to_hub, save_model
-from .report import (answers, best_for_budget, compare_table, find_runs, plot_runs, quality_verdict, same_work,
-                     savings_table, verdict)
-from .tracking import RunResult, download_store, export_store, open_store, ui_command
+import importlib
 
-__all__ = ["OFFLINE", "ConfigError", "RunConfig", "RunResult", "from_notebook", "preview", "check", "pick_device",
-           "run_variant", "run_all", "compare", "quality_check", "tutorial_pair", "compare_table", "verdict",
-           "same_work", "plot_runs", "answers", "quality_verdict", "find_runs", "savings_table", "best_for_budget",
-           "save_model", "load_saved", "push_to_hub", "export_store", "download_store", "open_store", "ui_command",
-           "run_capacity"]
+from .compare import compare  # eagerly (it imports nothing heavy): the module of the same name would shadow it
+
+# Each name's module, imported on first use: `import dsnb` then costs nothing, and what reads a store (notebook 03,
+# the setup cell's own installer) runs where torch, DeepSpeed or peft are not installed.
+_WHERE = {
+    "OFFLINE": "config", "ConfigError": "config", "RunConfig": "config", "tutorial_pair": "config",
+    "from_notebook": "notebook", "preview": "notebook", "check": "preflight", "pick_device": "preflight",
+    "run_variant": "launch", "run_all": "launch", "quality_check": "compare",
+    "compare_table": "report", "verdict": "report", "same_work": "report", "plot_runs": "report", "answers": "report",
+    "quality_verdict": "report", "find_runs": "report", "savings_table": "report", "best_for_budget": "report",
+    "save_model": "publish", "load_saved": "publish", "push_to_hub": "publish", "keep": "publish", "ask": "publish",
+    "hub_token": "publish", "RunResult": "tracking", "export_store": "tracking", "download_store": "tracking",
+    "open_store": "tracking", "ui_command": "tracking", "show_ui": "tracking", "run_capacity": "capacity",
+}
+__all__ = ["compare", *_WHERE]
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'dsnb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -15,16 +15,9 @@ from __future__ import annotations
 import uuid
 
 from . import tracking
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, tutorial_pair
 from .launch import run_all, run_variant
 from .tracking import RunResult, mlflow_client
-
-
-def tutorial_pair(cfg: RunConfig) -> list[RunConfig]:
-    """The tutorial's two runs on cfg's model and data: no DeepSpeed, then ZeRO-2 with CPU optimizer offload."""
-    return [cfg.replace(strategy="baseline", offload_optimizer="none", offload_param="none",
-                        run_name="Without_DeepSpeed"),
-            cfg.replace(strategy="zero2", offload_optimizer="cpu", offload_param="none", run_name="With_DeepSpeed")]
 
 
 def compare(cfg: RunConfig, progress: bool = True) -> list[RunResult]:

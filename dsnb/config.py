@@ -429,6 +429,13 @@ class RunConfig:
         return cls.layered(read_fields(path), overrides)
 
 
+def tutorial_pair(cfg: RunConfig) -> list[RunConfig]:
+    """The tutorial's two runs on cfg's model and data: no DeepSpeed, then ZeRO-2 with CPU optimizer offload."""
+    return [cfg.replace(strategy="baseline", offload_optimizer="none", offload_param="none",
+                        run_name="Without_DeepSpeed"),
+            cfg.replace(strategy="zero2", offload_optimizer="cpu", offload_param="none", run_name="With_DeepSpeed")]
+
+
 def coerce(name: str, value, kind):
     """value as `kind` (bool, int, float or str), or a ConfigError naming the field; 2.5 is never rounded."""
     expected = {bool: "true or false", int: "an integer", float: "a number", str: "text"}[kind]

@@ -10,11 +10,13 @@ its own synthetic text, then loaded through the same from_pretrained path as any
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 
 from .config import ConfigError, RunConfig, describe
@@ -65,6 +67,37 @@ def resolve_model(name: str) -> str:
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
         raise ConfigError(f"model directory {name!r} does not exist; give a local folder, a hub id or synthetic:tiny")
     return name
+
+
+def fetch(name: str, say) -> None:
+    """A hub model's files downloaded into the hub's cache, telling `say` how far along it is (every 10%, by bytes),
+    so a notebook sees the minutes a 6 GB download takes; local folders, synthetic shapes and cached models pass."""
+    if name.startswith("synthetic:") or os.path.isdir(name):
+        return
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.utils import HfHubHTTPError, LocalEntryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+    try:
+        snapshot_download(name, allow_patterns=patterns, local_files_only=True)
+        return  # already cached
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        pass
+    try:
+        files = [f for f in HfApi().model_info(name, files_metadata=True).siblings
+                 if any(fnmatch.fnmatch(f.rfilename, p) for p in patterns)]
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise ConfigError(f"model {name!r} could not be reached on the hub ({describe(e)}); check its id and the "
+                          "network, or give a local folder or synthetic:tiny offline") from None
+    total = sum(f.size or 0 for f in files)
+    say(f"downloading {name}: {len(files)} files, {total / 1e9:.1f} GB (once: the hub's cache keeps them)")
+    started, done, told = time.perf_counter(), 0, 0
+    for f in sorted(files, key=lambda f: f.size or 0):
+        snapshot_download(name, allow_patterns=[f.rfilename])
+        done += f.size or 0
+        if total and done * 10 // total > told:
+            told = done * 10 // total
+            say(f"downloaded {done / 1e9:.1f} of {total / 1e9:.1f} GB in {time.perf_counter() - started:.0f} s")
 
 
 @functools.lru_cache(maxsize=None)

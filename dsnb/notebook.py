@@ -10,19 +10,41 @@ equal RunConfig's default.
 from __future__ import annotations
 
 import ast
+import os
 
 from . import preflight
 from .config import OFFLINE_ENV, RENAMED, ConfigError, RunConfig, field_names, offline_requested
 
 
 def from_notebook(namespace: dict) -> RunConfig:
-    """A RunConfig from a notebook's parameters (the fields found in `namespace`), checked against this machine."""
+    """A RunConfig from a notebook's parameters (the fields found in `namespace`), checked against this machine; on
+    Colab, a results_folder on Drive is mounted first (Colab asks for access once)."""
     offline = offline_requested()
     cfg = RunConfig.layered(explicit_parameters(namespace), offline=offline)
+    on_colab = "COLAB_RELEASE_TAG" in os.environ
+    if on_colab and cfg.results_folder.startswith(DRIVE):
+        mount_drive()
     preflight.check(cfg)  # a bad parameter fails here, in the notebook's first dsnb cell
     source = f"{OFFLINE_ENV}=1: the offline default" if offline else f"{OFFLINE_ENV} unset: the tutorial's defaults"
     print(f"{source}; model {cfg.model}, dataset {cfg.dataset}, {cfg.derived_name()}")
+    if on_colab and not cfg.results_folder:
+        print(f'note: the store and checkpoints are on this runtime\'s disk, lost if it ends; results_folder = '
+              f'"{DRIVE}/MyDrive/dsnb" keeps them on Drive, and running all again then resumes')
     return cfg
+
+
+DRIVE = "/content/drive"
+
+
+def mount_drive() -> None:
+    """Google Drive at /content/drive, unless it is there already."""
+    if os.path.ismount(DRIVE):
+        return
+    try:
+        from google.colab import drive
+    except ImportError:  # Colab's variable without Colab (a rehearsal): the folder is used as it is
+        return
+    drive.mount(DRIVE)
 
 
 def preview(cfg: RunConfig) -> str:

@@ -158,3 +158,67 @@ def push_to_hub(folder: str, repo: str, token: str | None) -> str:
     except Exception as e:  # the message of a hub error never holds the token
         raise ConfigError(f"could not push {folder} to {repo} ({describe(e)})") from None
     return repo
+
+
+def hub_token() -> str:
+    """The hub token: Colab's Secrets (HF_TOKEN, where this notebook was given access to it), else $HF_TOKEN; "" where
+    neither holds one. Never printed, logged or written."""
+    try:
+        from google.colab import userdata
+
+        return userdata.get("HF_TOKEN") or ""
+    except Exception:  # not on Colab, no such secret, or access not granted: the environment's, if any
+        return os.environ.get("HF_TOKEN", "")
+
+
+def keep(result: RunResult, folder: str = "", merge: bool = False, push_to: str = "", token: str = "") -> str:
+    """A notebook's one call to keep a run's model: saved (merged with merge) into folder (default adapter-<run> or
+    merged-<run>; a folder this run already saved is kept, not written again), and pushed to the hub repository
+    push_to when given (the token from hub_token() unless passed; checked before anything is written). Returns the
+    folder."""
+    folder = folder or f"{'merged' if merge else 'adapter'}-{result.run_id[:8]}"
+    token = token or (hub_token() if push_to else "")
+    if push_to:
+        check_push(push_to, token)
+    saved = os.path.join(folder, "dsnb_run.json")
+    if os.path.isfile(saved) and json.load(open(saved)).get("run_id") == result.run_id:
+        print(f"{folder}: already holds run {result.run_id}'s model; kept")
+    else:
+        save_model(result, folder, merge)
+        print(f"saved run {result.run_id}'s {'merged model' if merge else 'model'} to {folder} (its model card: "
+              f"{folder}/README.md)")
+    if push_to:
+        print(f"pushed {folder} to the hub: {push_to_hub(folder, push_to, token)} (private)")
+    return folder
+
+
+_ASKED: dict = {}  # folder -> (model, tokenizer, config): loaded once for every question
+
+
+def ask(source, question: str, passage: str = "", max_new_tokens: int = 64) -> str:
+    """Ask a trained model a question and stream its answer as it is generated (greedy, in the training text's own
+    prompt): source is a RunResult (its model saved first, as keep saves it) or a folder save_model wrote; passage
+    is the text to read, for a model trained on the passage prompt. The model is loaded once and kept."""
+    import torch
+    from transformers import TextStreamer
+
+    from .data import CLOSED_BOOK, prompt_parts
+    from .evaluate import stop_tokens
+
+    folder = source if isinstance(source, str) else keep(source)
+    if folder not in _ASKED:
+        model, tokenizer = load_saved(folder)
+        with open(os.path.join(folder, "dsnb_run.json")) as f:
+            _ASKED[folder] = (model.eval(), tokenizer, RunConfig.from_dict(json.load(f)["config"]))
+    model, tokenizer, cfg = _ASKED[folder]
+    if cfg.prompt not in CLOSED_BOOK and not passage.strip():
+        raise ConfigError("this model was trained to answer from a passage (prompt passage): give the text to read as "
+                          "passage=")
+    row = {"question": question, "context": passage, "answers": {"text": []}}
+    ids = torch.tensor([prompt_parts(cfg, tokenizer, row)[0]], device=next(model.parameters()).device)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=stop_tokens(tokenizer, model),
+                             pad_token_id=tokenizer.pad_token_id, streamer=streamer)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip().split("\n")[0].strip()

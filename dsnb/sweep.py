@@ -60,7 +60,11 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
     Each executed notebook is saved under the output folder and logged to its MLflow run; a variant that
     fails keeps its notebook and a FAILED run, and the sweep goes on.
     """
-    import papermill
+    try:
+        import papermill
+    except ImportError:
+        raise ConfigError("a sweep executes its notebook with papermill, which is not installed: pip install "
+                          "'papermill>=2.6' ipykernel (setup.sh installs both)") from None
     from tqdm.auto import tqdm
 
     notebook, cfgs, out_dir = load_sweep(path, offline, overrides)

@@ -425,6 +425,30 @@ def open_store(tracking_uri: str) -> str:
     return f"sqlite:///{os.path.abspath(folder)}/mlflow.db"
 
 
+def show_ui(tracking_uri: str, port: int = 5000):
+    """The MLflow UI for this store: on Colab, started here on 127.0.0.1 and shown inside the notebook (Colab serves a
+    kernel port in an output frame; nothing is exposed to the network); elsewhere, the command that opens it."""
+    import subprocess
+    import urllib.request
+
+    uri = resolve_uri(existing_store(open_store(tracking_uri)))
+    try:
+        from google.colab import output
+    except ImportError:
+        print(f"Open the runs side by side: {ui_command(uri, port=port)}")
+        return None
+    subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                      "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.5)
+    return output.serve_kernel_port_as_iframe(port, height=800)
+
+
 def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:
     """The command that opens the MLflow UI on this machine only (no auth: keep it off the network), for the store in
     use: shell-quoted, a relative SQLite path made absolute, credentials masked."""

@@ -61,6 +61,7 @@ class Plan:
     samples: int  # in train_set, whose rows are samples or (padding filled) rows of several
     recall_rows: list  # trained questions asked again (closed-book prompts)
     cuts: tuple  # (passages max_length cuts, of them those that lose their answer), training and held-out
+    lengths: list  # each training sample's real tokens (after max_length)
 
 
 def plan(cfg: RunConfig, world: int = 1) -> Plan:
@@ -92,7 +93,8 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
                                row_length(cfg, samples), on_gpu=device != "cpu")
     preflight.check_host_ram(cfg, world, device, estimate)  # now with the data's activations, before any weight loads
     return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, samples), len(samples),
-                recall_rows, passage_cuts(cfg, tokenizer, rows + eval_rows))
+                recall_rows, passage_cuts(cfg, tokenizer, rows + eval_rows),
+                [sum(m) for m in samples["attention_mask"]])
 
 
 def describe_plan(cfg: RunConfig, p: Plan) -> str:
@@ -117,6 +119,7 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     if p.cuts[0]:
         lines.append(f"note: max_length {cfg.max_length} cuts the end of {p.cuts[0]} passages (training and held-out), "
                      f"{p.cuts[1]} of them before their answer; raise max_length to keep them whole")
+    lines += time_lines(cfg, p)
     if cfg.max_steps and cfg.untimed_steps >= cfg.max_steps:
         lines.append(f"note: untimed_steps {cfg.untimed_steps} leaves none of the {cfg.max_steps} steps timed, so the "
                      "throughput covers every step, start-up included (throughput_includes_startup 1); raise max_steps")
@@ -124,6 +127,32 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
         lines.append(f"warning: max_length {cfg.max_length} cuts {p.truncated} of {p.samples} samples short "
                      "(their answers lose tokens); raise max_length to keep them whole")
     return "\n".join(lines)
+
+
+def time_lines(cfg: RunConfig, p: Plan, world: int = 1) -> list[str]:
+    """The expected time on this GPU (and, under the colab_t4 preset, on a T4), with faster settings where the
+    notebook's pair would run for more than an hour; nothing on the CPU, where no rate is calibrated."""
+    from .timing import describe_time, faster_settings, gpu_class, minutes, pair_estimate, time_estimate
+
+    here = None
+    if preflight.pick_device() != "cpu":
+        import torch
+
+        here = gpu_class(torch.cuda.get_device_name())
+    gpus = list(dict.fromkeys([g for g in (here, "T4" if cfg.preset == "colab_t4" else None) if g]))
+    lines = []
+    for gpu in gpus:
+        est = time_estimate(cfg, p.lengths, p.config, p.trainable, world, gpu, p.samples)
+        pair = pair_estimate(cfg, p.lengths, p.config, p.trainable, world, gpu)
+        lines.append(describe_time(est) + f"; the tutorial's pair ({cfg.runs_each} run(s) each): about "
+                     f"{minutes(pair)}")
+        if pair > 3600:
+            lines.append(f"on {gpu} that is over an hour; faster, each with the pair's time: "
+                         + "; ".join(faster_settings(cfg, p.lengths, p.config, p.trainable, world, gpu)))
+    if not gpus:
+        lines.append("time: not estimated on the CPU (the rates are measured on GPUs); the CPU's own steps are timed "
+                     "as the run goes")
+    return lines
 
 
 @dataclass
@@ -332,8 +361,14 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     # seeds anything; unseeded, every run (and variant) started from adapters of its own.
     from transformers import set_seed
 
+    from .model import fetch
+
     set_seed(cfg.seed)
+    fetch(cfg.model, reporter.say)  # a hub model's download, with its progress, before it loads
+    started = time.perf_counter()
+    reporter.say(f"loading {cfg.model} ({cfg.quantization if cfg.quantization != 'none' else cfg.dtype} weights) ...")
     model, tokenizer = load_model(cfg, device, the_plan.tokenizer)
+    reporter.say(f"model loaded in {time.perf_counter() - started:.0f} s")
     trainable, total = count_parameters(model)
     batches = BatchLog(collator(tokenizer, cfg))
     timer = StepTimer(device, cfg.untimed_steps, batches)

@@ -26,33 +26,48 @@ def badge(name):
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 
 
-SETUP = f"""# Colab only (elsewhere run `bash setup.sh` once): install dsnb and what it needs, keeping Colab's
-# torch, then build DeepSpeed's CPU Adam once. DSNB_SOURCE is anything pip installs: the project's git URL
-# (below), a wheel, or the repository's .zip uploaded to /content. The log is kept in dsnb_setup.log.
-import os, subprocess, sys, time
-DSNB_SOURCE = os.environ.get("DSNB_SOURCE", "{SOURCE}")
-if os.environ.get("COLAB_RELEASE_TAG") and not os.path.isfile("dsnb_setup.log"):
+def setup(read_only: bool = False) -> str:
+    """The setup cell: on Colab only, dsnb and only what the runtime lacks, then (unless read_only) CPU Adam; a runtime
+    without a GPU is told how to switch before anything installs."""
+    gpu = "" if read_only else """
     import torch
-    started, log = time.time(), []
-    for step in (["pip", "install", "-q", DSNB_SOURCE, f"torch=={{torch.__version__}}"], ["dsnb", "prepare"]):
-        child = subprocess.Popen([sys.executable, "-m", *step], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
-        for line in child.stdout:
-            print(line, end="")
-            log.append(line)
-        if child.wait():
-            open("dsnb_setup_failed.log", "w").writelines(log)
-            raise RuntimeError(f"{{' '.join(step)}} failed after {{time.time() - started:.0f}} s; "
-                               "its last lines:\\n" + "".join(log[-20:]))
-    open("dsnb_setup.log", "w").writelines(log)
-    print(f"dsnb set up from {{DSNB_SOURCE}} in {{time.time() - started:.0f}} s")"""
+    if not torch.cuda.is_available() and not os.environ.get("DSNB_OFFLINE"):
+        raise SystemExit("No GPU in this runtime: Runtime > Change runtime type > T4 GPU, then Runtime > Run all")"""
+    what = "what reading a store needs" if read_only else "what this runtime lacks"
+    then = "" if read_only else ", then builds DeepSpeed's CPU Adam once"
+    steps = '["dsnb.install", "--read"]' if read_only else '["dsnb.install"]'
+    return f"""# Colab only (elsewhere run `bash setup.sh` once): dsnb, then only {what} (Colab's own
+# torch, transformers, datasets ... stay where their versions serve dsnb){then}. Log: dsnb_setup.log.
+DSNB_SOURCE = ""  # empty: a dsnb .whl or .zip you uploaded to /content or MyDrive, else {SOURCE}
+import glob, os, subprocess, sys
+if os.environ.get("COLAB_RELEASE_TAG") and not os.path.isfile("dsnb_setup.log"):{gpu}
+    uploads = sorted(glob.glob("/content/dsnb*.whl") + glob.glob("/content/dsnb*.zip")
+                     + glob.glob("/content/drive/MyDrive/dsnb*.whl"))
+    source = DSNB_SOURCE or os.environ.get("DSNB_SOURCE") or (uploads[-1] if uploads else "{SOURCE}")
+    for step in (["pip", "install", "-q", "--no-deps", source], {steps}):
+        run = subprocess.run([sys.executable, "-m", *step], capture_output=True, text=True)
+        print(run.stdout[-3000:], end="")
+        if run.returncode:
+            open("dsnb_setup_failed.log", "w").write(run.stdout + run.stderr)
+            raise SystemExit(f"dsnb could not be set up from {{source}}: upload a dsnb wheel or the repository's zip "
+                             "to /content, or set DSNB_SOURCE; then run again (dsnb_setup_failed.log says why)")
+        open("dsnb_setup.log", "a").write(run.stdout + run.stderr)
+    print(f"dsnb set up from {{source}}")"""
+
 
 OFFLINE_NOTE = ("**Offline default.** With `DSNB_OFFLINE=1` in the environment (CI, an air-gapped box, a GPU "
                 "without a hub), parameters left at their defaults take dsnb's offline values instead: the "
                 "synthetic Llama `synthetic:tiny` and the synthetic SQuAD-format set, a short fp32 run. Values "
-                "you set (here or through papermill) always win. The first dsnb cell prints which defaults apply. "
-                "**On Colab's free T4**, set `preset = \"colab_t4\"`: fp16 (a T4 has no native bf16), a 15 GB GPU "
-                "cap and a 12.7 GB host-RAM check before anything loads.")
+                "you set (here or through papermill) always win. The first dsnb cell prints which defaults apply.")
+
+T4_NOTE = """**On Colab's free T4**, set `preset = "colab_t4"`. Against the tutorial it changes how the same work runs,
+not what is compared: fp16 as the tutorial trains (a T4 has no native bf16, and dsnb refuses it emulated), each batch
+padded to its longest sample instead of 512 tokens (the loss is the same, since padding is masked; the tutorial's
+padding made most of each step padding), GPU memory capped at what a T4 holds and host RAM checked against Colab's
+12.7 GB before anything loads, and a checkpoint every 10 minutes. **Survive a disconnect:** set `results_folder =
+"/content/drive/MyDrive/dsnb"`; the first dsnb cell mounts Drive, the MLflow store and the checkpoints live there, and
+running the notebook again after a disconnect keeps the finished runs and resumes the rest from their checkpoints.
+The plan below says how long the pair will take on this GPU before anything trains."""
 
 
 def parameters_cell(names=None):
@@ -84,56 +99,75 @@ This notebook runs the tutorial's comparison: LoRA fine-tuning of an 8-bit Llama
 with ZeRO-2 and the optimizer offloaded to the CPU. Unlike the tutorial, each run gets its own process
 (no leftover memory), peak memory comes from the allocator and NVML, throughput counts real tokens, short
 runs are repeated so a difference can be told from run-to-run noise, the trained model answers held-out
-questions (SQuAD's exact match and F1), and every run lands in MLflow with its whole config.
+questions drawn from all of SQuAD's validation split (reading the passage, as SQuAD asks: the tutorial's
+closed-book text stays as `prompt = "eos"`), and every run lands in MLflow with its whole config.
+
+{T4_NOTE}
 
 {OFFLINE_NOTE}"""),
-        new_code_cell(SETUP),
+        new_code_cell(setup()),
         new_markdown_cell("## Parameters\nEvery name is a `dsnb.RunConfig` field; papermill overrides them "
                           "(`papermill --help-notebook` lists them)."),
         parameters_cell(),
         new_markdown_cell("## The run config\nValidated before anything loads: a bad value stops here with "
-                          "what to change."),
+                          "what to change, in one line."),
         checked("import dsnb\n\ncfg = dsnb.from_notebook(globals())"),
-        new_markdown_cell("## What the runs will take\nThe data is read and checked, and GPU memory and host RAM "
-                          "are estimated, before any model downloads."),
+        new_markdown_cell("## What the runs will take\nThe data is read and checked, GPU memory and host RAM are "
+                          "estimated, and the time on this GPU is given (with faster settings where the pair would "
+                          "take over an hour), before any model downloads."),
         new_code_cell("print(dsnb.preview(cfg))"),
         new_markdown_cell("## Train both variants, each in its own process\nA bar per variant and per step with the "
-                          "loss; short runs are repeated (`repeats`), interleaved. A failed variant is recorded as a "
-                          "FAILED run and the next one still runs."),
+                          "loss, and what the run is doing (downloading, loading) from its first second; short runs "
+                          "are repeated (`repeats`), interleaved. A failed variant is recorded as a FAILED run and the "
+                          "next one still runs. Run again after a disconnect, this cell keeps what finished and "
+                          "resumes the rest."),
         new_code_cell("results = dsnb.compare(cfg)"),
         new_markdown_cell("## Side by side, read back from MLflow\nThe tutorial's metrics first "
                           "(`gpu_memory_used_mb` is its GPUtil after-minus-before reading), then peak memory from "
                           "the allocator and NVML, steady-state throughput, MFU and the held-out scores. With "
                           "repeats: medians, [lowest-highest], and which ratios are within the run-to-run spread."),
         new_code_cell("dsnb.compare_table(results)"),
+        new_markdown_cell("## The verdict\nEach difference with its p-value (how often runs that differ only by chance "
+                          "look like this); a speed measured while other work used the machine is called unreliable."),
         new_code_cell("print(dsnb.verdict(results))"),
-        new_markdown_cell("## Did both runs do the same work?\nSame data, seed and steps, final losses and held-out "
-                          "scores that agree: otherwise the comparison means nothing."),
-        checked("print(dsnb.same_work(results))"),
+        new_markdown_cell("## Did both runs do the same work?\nEvery field that sets the work, the same held-out "
+                          "questions, final losses that agree, and held-out answers compared question by question "
+                          "(a paired test that calls equal skill different at most 5% of the time)."),
+        checked("print(dsnb.same_work(results).splitlines()[0])"),
+        new_code_cell("print(dsnb.same_work(results))"),
         new_markdown_cell("## Plots\nAlso logged to each run as `comparison.png`."),
         new_code_cell("dsnb.plot_runs(results)"),
         new_markdown_cell("## Does training teach the model? A quality check\nSeparate from the comparison, so it "
-                          "stays quick: `synthetic:small` learns dsnb's synthetic facts (capitals and years, in "
-                          "Korean and English) in about a minute on a CPU, then answers 72 paraphrased questions "
-                          "that no training row holds. With the real model and SQuAD, the table above already "
-                          "holds the held-out scores of SQuAD's validation questions."),
+                          "stays quick: `synthetic:small` learns to answer from dsnb's synthetic passages (capitals "
+                          "and years, in Korean and English) in a few minutes on a CPU, asked 72 questions that no "
+                          "training row holds. With the real model and SQuAD, the table above already holds the "
+                          "held-out scores of SQuAD's validation questions."),
         new_code_cell("quality = dsnb.quality_check(cfg)\nprint(dsnb.quality_verdict(quality))"),
         checked("print(dsnb.quality_verdict(quality).splitlines()[0])"),
-        new_markdown_cell("## Keep the trained model\nThe tutorial run's adapter (or, trained in full, its model) as "
-                          "a folder that peft and transformers load; `merge=True` folds the LoRA weights into the "
-                          "base model. "
-                          "`python -m dsnb save --run_id ... --push_to you/name` uploads it (with your token)."),
-        new_code_cell("folder = dsnb.save_model(results[0], f\"adapter-{results[0].run_id[:8]}\")\nprint(folder)"),
-        new_markdown_cell("## Take the results with you\nColab's disk goes with its runtime: this zips the store "
-                          "(SQLite file and artifacts) and downloads it (`drive_folder=` also copies it to a mounted "
-                          "Google Drive). Open it in notebook 03 (`tracking_uri = \"dsnb_mlflow.zip\"`), or unzip it "
-                          "and run the command printed below: MLflow's UI listens on 127.0.0.1 only, since it has "
-                          "no login (do not bind it to 0.0.0.0 as the tutorial did)."),
-        new_code_cell("print(dsnb.download_store(cfg.tracking_uri))\nprint(dsnb.ui_command(\"sqlite:///mlflow.db\"))"),
-        new_markdown_cell("## The trained models answer\nThe first three held-out questions, before training and "
-                          "after: the tutorial's pair (offline, a random tiny model: no sense yet) and the quality "
-                          "check's model (`eval_samples = 0` skips both the answers and the check)."),
-        new_code_cell("dsnb.answers(results + [quality])"),
+        new_markdown_cell("## Ask the trained model\nType a question (and the passage it should read); the answer "
+                          "streams as it is generated. Offline, the tutorial pair's model is a random tiny one, so "
+                          "this asks the quality check's model (`quality`); with `eval_samples = 0`, the pair's."),
+        new_code_cell('question = "본문에 따르면 대한민국의 수도는 어디인가요?"  # @param {type:"string"}\n'
+                      'passage = "대한민국의 수도는 서울이다. 그 도시의 가장 오래된 대학교는 1398년에 문을 열었다."  '
+                      '# @param {type:"string"}\n'
+                      'answer = dsnb.ask(quality or results[0], question, passage)'),
+        new_markdown_cell("## Keep the trained model\nThe tutorial run's adapter as a folder that peft and "
+                          "transformers load, with its model card; `merge` folds the LoRA weights into the base model "
+                          "(dsnb checks the host RAM first and writes down how far the merged model's logits moved). "
+                          "`hub_repo` (owner/name) pushes it, private, with the token in Colab's Secrets (`HF_TOKEN`, "
+                          "the key icon on the left) or `$HF_TOKEN`; it is never printed or logged."),
+        new_code_cell('merge = False  # @param {type:"boolean"}\nhub_repo = ""  # @param {type:"string"}\n'
+                      "folder = dsnb.keep(results[0], merge=merge, push_to=hub_repo)"),
+        new_markdown_cell("## Take the results with you\nColab's disk goes with its runtime (unless `results_folder` "
+                          "is on Drive): this zips the store (SQLite file and artifacts) and downloads it. Open it in "
+                          "notebook 03 (`tracking_uri = \"dsnb_mlflow.zip\"`). On Colab the MLflow UI opens below, "
+                          "inside the notebook; elsewhere the command that opens it is printed (it listens on "
+                          "127.0.0.1 only, since it has no login: do not bind it to 0.0.0.0 as the tutorial did)."),
+        new_code_cell("print(dsnb.download_store(cfg.tracking_uri))\ndsnb.show_ui(cfg.tracking_uri)"),
+        new_markdown_cell("## The trained models answer\nThe held-out questions, before training and after, joined on "
+                          "the question: the tutorial's pair (offline, a random tiny model: no sense yet) and the "
+                          "quality check's model (`eval_samples = 0` skips both the answers and the check)."),
+        new_code_cell("dsnb.answers(results + [quality], n=8)"),
     ]
 
 
@@ -146,8 +180,10 @@ One execution trains one variant in its own process and records it as one MLflow
 parameters (for example `strategy = "zero3"`, `offload_param = "cpu"`), or let papermill run it once
 per variant: `python -m dsnb sweep -f variants/sweep_zero_stages.yaml`.
 
-{OFFLINE_NOTE}"""),
-        new_code_cell(SETUP),
+{OFFLINE_NOTE}
+
+{T4_NOTE}"""),
+        new_code_cell(setup()),
         new_markdown_cell("## Parameters"),
         parameters_cell(),
         new_markdown_cell("## The run config"),
@@ -172,7 +208,7 @@ Reads the newest run of each name from an MLflow experiment (from notebooks 01 a
 compare` or a sweep) and compares them against the baseline. `memory_budget_gb` is the GPU you
 are sizing for: 15 for a T4, 22 for an L4, 40 or 80 for an A100. In a new Colab runtime, upload the
 `dsnb_mlflow.zip` that notebook 01 downloaded (the Files pane) and set `tracking_uri = "dsnb_mlflow.zip"`."""),
-        new_code_cell(SETUP),
+        new_code_cell(setup(read_only=True)),
         new_markdown_cell("## Parameters"),
         parameters_cell(["tracking_uri", "experiment", "memory_budget_gb"]),
         new_markdown_cell("## The runs"),
@@ -184,6 +220,9 @@ are sizing for: 15 for a T4, 22 for an L4, 40 or 80 for an A100. In a new Colab 
         new_markdown_cell("## The fastest variant that fits the budget\nPeak GPU memory as NVML saw it "
                           "(the CUDA context included), against `memory_budget_gb`."),
         new_code_cell("print(dsnb.best_for_budget(runs, memory_budget_gb))"),
+        new_markdown_cell("## Every run in MLflow's UI\nOn Colab it opens below, inside the notebook (served from this "
+                          "runtime on 127.0.0.1); elsewhere the command that opens it for this store is printed."),
+        new_code_cell("dsnb.show_ui(tracking_uri)"),
     ]
 
 
@@ -196,6 +235,8 @@ def main():
         nb = new_notebook(cells=build())
         nb.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
                            language_info={"name": "python"})
+        if name != "03_compare_runs.ipynb":  # the Colab badge opens a T4 runtime (notebook 03 only reads a store)
+            nb.metadata.update(accelerator="GPU", colab={"provenance": [], "gpuType": "T4"})
         if name == "03_compare_runs.ipynb":
             nb.cells[3].source = nb.cells[3].source.replace("memory_budget_gb: float = 0.0",
                                                             "memory_budget_gb: float = 15.0")

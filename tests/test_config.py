@@ -144,9 +144,9 @@ def test_layering_keeps_an_explicit_default_and_puts_the_preset_under_the_layers
     assert RunConfig.layered({"dtype": "fp16"}, offline=True).dtype == "fp16"
     assert RunConfig.layered({}, offline=True).dtype == "fp32"
     cfg = RunConfig.layered({"preset": "colab_t4"}, {"memory_budget_gb": 12})
-    assert (cfg.dtype, cfg.memory_budget_gb, cfg.ram_budget_gb) == ("fp16", 12.0, 12.7)
+    assert (cfg.dtype, cfg.memory_budget_gb, cfg.ram_budget_gb, cfg.padding) == ("fp16", 12.0, 12.7, "longest")
     quality = RunConfig.layered({"preset": "quality"}, offline=True)  # the preset wins over the offline default
-    assert (quality.model, quality.lora_r, quality.max_steps) == ("synthetic:small", 0, 600)
+    assert (quality.model, quality.lora_r, quality.max_steps) == ("synthetic:small", 0, 300)
     assert (cfg.name, RunConfig(run_name="x").name) == (cfg.derived_name(), "x")
     assert RunConfig(batch_size=4, grad_accum=2).samples_per_step(3) == 24
     assert (RunConfig(max_steps=8).runs_each, RunConfig().runs_each, RunConfig(repeats=5).runs_each) == (3, 1, 5)
