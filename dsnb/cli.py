@@ -183,6 +183,11 @@ def cmd_run(args) -> int:
             raise ConfigError("--resume runs in one process; start it under deepspeed or torchrun yourself")
         return 0 if run_variant(cfg).status == "FINISHED" else 1
     preflight.check(cfg)
+    if "WORLD_SIZE" in os.environ:  # a rank under a launcher: its agent gone (with its node), the rank stops too
+        from .launch import watch_parent
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a launcher may start its ranks with SIGINT ignored
+        watch_parent(os.getppid())
     if args.resume:
         run_id, checkpoint = tracking.resumable_run(cfg)
     else:  # opened here, so a failure can be told as the store holds it

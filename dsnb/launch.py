@@ -234,7 +234,7 @@ def child_main(path: str) -> int:
     # Started from a shell's background job (or nohup), a process inherits SIGINT ignored and Python leaves it so:
     # the parent's interrupt and the watch below would go unheard.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    _watch_parent(child["parent_pid"])
+    watch_parent(child["parent_pid"])
     from .train import Reporter, train
 
     class ToParent(Reporter):
@@ -274,12 +274,19 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
-def _watch_parent(pid: int) -> None:
-    """If the process that started this one dies (killed, or its kernel shut down), stop as if interrupted."""
+def watch_parent(pid: int) -> None:
+    """If the process that started this one dies (killed, its kernel shut down, or the launcher of a rank: torchrun's
+    or DeepSpeed's agent, gone with its node), stop as if interrupted, rather than run on alone."""
     import psutil
 
+    def alive() -> bool:  # a parent killed but not yet reaped by its own parent is a zombie: gone all the same
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     def watch():
-        while psutil.pid_exists(pid):
+        while alive():
             time.sleep(1)
         os.kill(os.getpid(), signal.SIGINT)
 

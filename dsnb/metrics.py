@@ -101,13 +101,23 @@ def anonymous_bytes() -> int:
 
 
 def gather_ranks(summary: dict) -> dict:
-    """Every rank's peaks as <metric>_rank<r>, and each peak as its largest over the ranks (the GPU that must fit)."""
+    """Every rank's peaks as <metric>_rank<r>, each peak as its largest over the ranks (the GPU that must fit), and,
+    over several nodes, each node's host memory as peak_cpu_rss_mb_node<n>: its ranks' resident memory added up (what
+    that machine's RAM must hold). A rank's node is its launcher's node rank (torchrun's GROUP_RANK, DeepSpeed's
+    CROSS_RANK), else its host name."""
+    import socket
+
     import torch.distributed as dist
 
+    node = os.environ.get("GROUP_RANK") or os.environ.get("CROSS_RANK") or socket.gethostname()
     ranks: list = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, summary)
-    out = {f"{k}_rank{r}": v for r, peaks in enumerate(ranks) for k, v in peaks.items()}
-    out.update({k: max(peaks[k] for peaks in ranks) for k in summary})
+    dist.all_gather_object(ranks, (node, summary))
+    out = {f"{k}_rank{r}": v for r, (_, peaks) in enumerate(ranks) for k, v in peaks.items()}
+    out.update({k: max(peaks[k] for _, peaks in ranks) for k in summary})
+    nodes = list(dict.fromkeys(n for n, _ in ranks))
+    if len(nodes) > 1:
+        for i, name in enumerate(nodes):
+            out[f"peak_cpu_rss_mb_node{i}"] = sum(peaks["peak_cpu_rss_mb"] for n, peaks in ranks if n == name)
     return out
 
 
