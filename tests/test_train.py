@@ -6,7 +6,9 @@ import mlflow
 import pytest
 
 from dsnb.config import OFFLINE, RunConfig
+from dsnb.data import build_dataset, fill_rows, load_records
 from dsnb.launch import child_env, run_all
+from dsnb.model import load_tokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -75,9 +77,11 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path, monkeypatch):
     filled rows in both loops; the profile field writes one step's profile."""
     profile = tmp_path / "step.txt"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # every step sees the same 4 samples: the loss must fall. The closed-book prompt keeps them short enough for two
+    # filled rows of 128 tokens (passages would need a row each, and a step of 2 rows would see half of them).
     common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
                   grad_accum=2, num_samples=4, eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False,
-                  tracking_uri=uri)  # every step sees the same 4 samples: the loss must fall
+                  prompt="tutorial", tracking_uri=uri)
     trainer = RunConfig(**common, run_name="trainer")
     compiled = trainer.replace(torch_compile=True, run_name="compiled", profile=str(profile))
     packed = compiled.replace(padding="packed", run_name="packed", profile="")
@@ -85,6 +89,8 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path, monkeypatch):
     # batch completed by padding rows: tests/test_data.py, with the padded batch's loss)
     filled = trainer.replace(padding="filled", batch_size=1, run_name="filled")
     filled_compiled = filled.replace(torch_compile=True, run_name="filled_compiled")
+    tokenizer = load_tokenizer(filled)
+    assert len(fill_rows(build_dataset(filled, tokenizer, load_records(filled)), filled.max_length)) == 2
     results = run_all([trainer, compiled, packed, filled, filled_compiled], progress=False)
     assert [r.status for r in results] == ["FINISHED"] * 5, results
     curves = [loss_curve(uri, r.run_id) for r in results]
