@@ -164,12 +164,12 @@ fast)  # the fast recipe's three ways side by side (the Trainer, compiled, compi
   dump fast
   ;;
 zero2knobs)  # fast_zero2_compiled as dsnb built it before (bf16 overflow check and overlap_comm on), with the check off,
-  # then also overlap_comm off (one GPU); CUDA graphs were off under DeepSpeed then: DSNB_CUDAGRAPHS=0 as measured
+  # then also overlap_comm off (one GPU); CUDA graphs were off under DeepSpeed then: --cuda_graphs false as measured
   prebuild synthetic:llama-3.2-3b
   python3 benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds
   for v in default nocheck nocheck_nooverlap; do
     config=$(case $v in default) echo z2_syncs;; nocheck) echo z2_nocheck;; *) echo z2_nosync;; esac)
-    DSNB_CUDAGRAPHS=0 timeout 130 python3 -m dsnb run $(python3 benchmarks/bench_flags.py fast_zero2_compiled 8 24) \
+    timeout 130 python3 -m dsnb run $(python3 benchmarks/bench_flags.py fast_zero2_compiled 8 24) --cuda_graphs false \
       --ds_config_path "/tmp/ds/$config.json" --tracking_uri "$DB" --run_name "z2_$v" > "$OUT/z2_$v.log" 2>&1
     echo "$v exit $?"
   done
@@ -178,7 +178,7 @@ zero2knobs)  # fast_zero2_compiled as dsnb built it before (bf16 overflow check 
 profile)  # where a step of the fast recipe (target 400 samples/s) and of its ZeRO-2 twin (target 1.25x) goes
   prebuild synthetic:llama-3.2-3b
   for name in fast_compiled fast_zero2_compiled; do
-    DSNB_PROFILE=$OUT/profile_$name.txt timeout 200 python3 -m dsnb run $(python3 benchmarks/bench_flags.py "$name" 8 24) \
+    timeout 200 python3 -m dsnb run $(python3 benchmarks/bench_flags.py "$name" 8 24) --profile "$OUT/profile_$name.txt" \
       --tracking_uri "$DB" --run_name "profile_$name" > "$OUT/profile_$name.log" 2>&1
     echo "$name exit $?"; head -1 "$OUT/profile_$name.txt"
   done
@@ -199,59 +199,59 @@ scale8b)  # full fine-tuning of the 8B shape, ZeRO-2 and ZeRO-3, optimizer offlo
 zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) replayed as CUDA graphs, beside the plain
   # compiled step; ZeRO-2 with DeepSpeed's per-step host syncs (bf16 overflow check, overlap_comm) on, as dsnb built it
   # before, and off ("nosync"); VARIANTS="fast_compiled zero2_flat zero2_stock ...": ZeRO-2 as dsnb builds it now,
-  # with dsnb's flat step and with DeepSpeed's own (DSNB_FLAT_STEP=0); "full_flat full_stock": the same two steps for
+  # with dsnb's flat step and with DeepSpeed's own (--zero_flat_step false); "full_flat full_stock": the same two steps for
   # full fine-tuning (the bench's full_zero2_compiled); a name ending in _2 is a repeat; PROFILE=name
   # profiles one. The older ZeRO variants now run with DeepSpeed's throughput timer off and, at ZeRO-1/2 in bf16, the
-  # flat step, so they no longer reproduce zero_graphs_h200.md's figures (measured before both)
+  # flat step, so they no longer reproduce benchmarks/results/archive/zero_graphs_h200.md's figures (measured before both)
   prebuild synthetic:llama-3.2-3b
   python3 benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds
   for v in ${VARIANTS:-fast_compiled zero2_graphs zero2_nosync_graphs zero1_nohooks_nocheck_graphs fast_compiled_2 \
                        zero2_nosync_graphs_2}; do
-    base=fast_zero2_compiled flags=() env=() name=lora_$v
+    base=fast_zero2_compiled flags=() name=lora_$v
     [ "${v%_2}" != fast_compiled ] || base=fast_compiled
     [[ $v != full_* ]] || base=full_zero2_compiled name=$v  # full fine-tuning: full_flat, full_stock
     case ${v%_2} in zero1_nohooks_graphs) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks.json);;
       zero1_nohooks_nocheck_graphs) flags=(--strategy zero1 --ds_config_path /tmp/ds/z1_nohooks_nocheck.json);;
       zero2_graphs) flags=(--ds_config_path /tmp/ds/z2_syncs.json);;
       zero2_nosync_graphs) flags=(--ds_config_path /tmp/ds/z2_nosync.json);;
-      zero2_stock|full_stock) env+=(DSNB_FLAT_STEP=0);; esac  # zero2_flat, full_flat: dsnb's flat ZeRO-2 step
-    [ "$v" != "${PROFILE:-}" ] || env+=(DSNB_PROFILE="$OUT/profile_$name.txt")
-    env "${env[@]}" TORCH_LOGS=perf_hints timeout "${LIMIT:-200}" python3 -m dsnb run \
+      zero2_stock|full_stock) flags=(--zero_flat_step false);; esac  # zero2_flat, full_flat: dsnb's flat ZeRO-2 step
+    [ "$v" != "${PROFILE:-}" ] || flags+=(--profile "$OUT/profile_$name.txt")
+    TORCH_LOGS=perf_hints timeout "${LIMIT:-200}" python3 -m dsnb run \
       $(python3 benchmarks/bench_flags.py $base 8 24) "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero_graphs \
       --run_name "$name" > "$OUT/$name.log" 2>&1
     echo "$v exit $?"; dump zerographs > /dev/null
   done
   dump zerographs
   ;;
-graphscheck)  # CUDA graphs against none (DSNB_CUDAGRAPHS=0) where gradients are summed over 2 micro-batches: compiled
+graphscheck)  # CUDA graphs against none (--cuda_graphs false) where gradients are summed over 2 micro-batches: compiled
   # without DeepSpeed (its own .grad buffers) and ZeRO-2 (its buffers); VARIANTS="z2_fp16 z2_fp16_nographs" in a
   # second call: ZeRO-2 in fp16 (the T4's dtype, DeepSpeed's loss scaler; each cold 3B compile takes ~105 s, so the
   # six do not fit one call); the listing, with each run's loss curve, is rewritten after every run
   prebuild synthetic:llama-3.2-3b
   for v in ${VARIANTS:-plain_ga2 plain_ga2_nographs z2_ga2 z2_ga2_nographs}; do
-    base=fast_zero2_compiled graphs=1 flags=()
+    base=fast_zero2_compiled flags=()
     [[ $v != plain* ]] || base=fast_compiled
-    [[ $v != *nographs ]] || graphs=0
+    [[ $v != *nographs ]] || flags+=(--cuda_graphs false)
     [[ $v != *ga2* ]] || flags+=(--grad_accum 2)
     [[ $v != *fp16* ]] || flags+=(--dtype fp16)
-    DSNB_CUDAGRAPHS=$graphs timeout "${LIMIT:-150}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 24) \
+    timeout "${LIMIT:-150}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 24) \
       "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_graphs_check --run_name "$v" > "$OUT/$v.log" 2>&1
     echo "$v exit $?"; dump graphscheck > /dev/null
   done
   dump graphscheck
   ;;
 deepcompile)  # full fine-tuning of the 3B shape under compiled ZeRO-3: plain torch.compile of DeepSpeed's module (its
-  # fetch and release hooks between graphs) against DeepCompile (DSNB_DEEPCOMPILE=1: gathers, releases and prefetches
+  # fetch and release hooks between graphs) against DeepCompile (--deepcompile true: gathers, releases and prefetches
   # as operations in the graph, scheduled after its first 5 steps, which recompile); 8 untimed steps cover that.
   # Without offload (dc: the prefetch case), then in a second call the 15 GB variant with parameters and optimizer in
   # CPU RAM (offload_dc: DeepCompile moves parameters itself); compare speed and the loss curves in the listing
   prebuild synthetic:llama-3.2-3b
   own_arch
   for v in ${VARIANTS:-zero3 zero3_dc}; do
-    base=full_zero3_compiled dc=0
+    base=full_zero3_compiled flags=()
     [[ $v != offload* ]] || base=full_zero3_offload_15gb
-    [[ $v != *_dc ]] || dc=1
-    DSNB_DEEPCOMPILE=$dc timeout "${LIMIT:-240}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 16) \
+    [[ $v != *_dc ]] || flags+=(--deepcompile true)
+    timeout "${LIMIT:-240}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 16) "${flags[@]}" \
       --tracking_uri "$DB" --experiment dsnb_deepcompile --run_name "$v" > "$OUT/$v.log" 2>&1
     echo "$v exit $?"; dump deepcompile > /dev/null
   done

@@ -5,7 +5,9 @@
 benchmarks/gpu_runs.sh ends every stage with benchmarks/dump_runs.py: one JSON line per MLflow run. The
 device's 10-minute limit can cut a stage short before dsnb writes its own tables, so these listings are
 the record, and this script applies dsnb's own summaries (bench.summarize, capacity.capacity_table) to
-them. How each was measured, in words, lives in benchmarks/results/notes/, appended to each table.
+them. How each was measured, in words, lives in benchmarks/results/notes/, appended to each table. Superseded tables
+are rebuilt the same way inside benchmarks/results/archive/ (its own h200_runs/ and notes/); benchmarks/README.md
+says which table is current.
 """
 import json
 import os
@@ -18,24 +20,25 @@ from dsnb.tracking import RunResult
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 RUNS = os.path.join(HERE, "h200_runs")
+ARCHIVE = os.path.join(HERE, "archive")  # superseded results, laid out as results/ is
 
 
-def read_runs(name: str) -> list[RunResult]:
-    """A listing of dump_runs.py (JSON lines) as RunResults."""
-    with open(os.path.join(RUNS, name)) as f:
+def read_runs(name: str, root: str = HERE) -> list[RunResult]:
+    """A listing of dump_runs.py (JSON lines) in root's h200_runs/ as RunResults."""
+    with open(os.path.join(root, "h200_runs", name)) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [RunResult(r["run_id"], r["name"], r["status"], "", r["metrics"], wall_seconds=r["wall_seconds"])
             for r in rows]
 
 
-def notes(name: str) -> str:
-    with open(os.path.join(HERE, "notes", name)) as f:
+def notes(name: str, root: str = HERE) -> str:
+    with open(os.path.join(root, "notes", name)) as f:
         return "\n" + f.read()
 
 
 def bench() -> None:
     # The throughput mode: only its own invocation on one GPU (bench.jsonl's recompiled for each batch shape;
-    # another ran under DataParallel: h200_runs/throughput_dataparallel.jsonl).
+    # another ran under DataParallel: archive/h200_runs/throughput_dataparallel.jsonl).
     runs = [r for r in read_runs("bench.jsonl") if r.name != "throughput_compiled"] + read_runs("throughput.jsonl")
     names = list(dict.fromkeys(r.name for r in runs))
     rows = [summarize(name, [r for r in runs if r.name == name]) for name in names]
@@ -59,10 +62,10 @@ def bench() -> None:
 
 
 def table(listing: str, names: list[str], stem: str, command: str, untimed: int, steps: int, side_by_side: int,
-          base: str, repeats: bool = False) -> None:
+          base: str, repeats: bool = False, root: str = HERE) -> None:
     """A bench-shaped table of some runs of a listing, ratios to `base`: each name's last run (a retry replaces a
-    failed attempt), or with `repeats` the median and spread over all of its runs."""
-    listed = read_runs(listing)
+    failed attempt), or with `repeats` the median and spread over all of its runs. root: results/ or its archive/."""
+    listed = read_runs(listing, root)
     last = {r.name: r for r in listed}
     rows = [summarize(name, [r for r in listed if r.name == name] if repeats else [last[name]])
             for name in names if name in last]
@@ -73,10 +76,10 @@ def table(listing: str, names: list[str], stem: str, command: str, untimed: int,
     result = {"gpu": "NVIDIA H200", "command": command, "untimed_steps": untimed, "timed_steps": steps,
               "gpus_side_by_side": side_by_side, "mfu_convention": "model FLOPs per real token (6N full, 4N + "
               "6N_trainable LoRA; N = matmul weights) / dense bf16 datasheet peak (989 TFLOP/s)", "variants": rows}
-    with open(os.path.join(HERE, f"{stem}.json"), "w") as f:
+    with open(os.path.join(root, f"{stem}.json"), "w") as f:
         json.dump(result, f, indent=2)
-    with open(os.path.join(HERE, f"{stem}.md"), "w") as f:
-        f.write(bench_markdown(result).replace("| vs tutorial |", f"| vs {base} |") + notes(f"{stem}.md"))
+    with open(os.path.join(root, f"{stem}.md"), "w") as f:
+        f.write(bench_markdown(result).replace("| vs tutorial |", f"| vs {base} |") + notes(f"{stem}.md", root))
 
 
 def curve_gaps(listing: str, pairs: list[tuple[str, str]], stem: str) -> None:
@@ -215,7 +218,8 @@ if __name__ == "__main__":
     table("colab.jsonl", ["t4_fp16_trainer", "t4_fp16_compiled", "fast_compiled"], "colab_t4_h200",
           "OUT=out bash benchmarks/gpu_runs.sh colab   (h200_runs/colab.jsonl)", 10, 30, 2, "t4_fp16_trainer")
     table("profile.jsonl", ["profile_fast_compiled", "profile_fast_zero2_compiled"], "profile_lora_h200",
-          "OUT=out bash benchmarks/gpu_runs.sh profile   (h200_runs/profile.jsonl)", 8, 24, 1, "profile_fast_compiled")
+          "OUT=out bash benchmarks/gpu_runs.sh profile   (h200_runs/profile.jsonl)", 8, 24, 1, "profile_fast_compiled",
+          root=ARCHIVE)
     table("fast.jsonl", ["fast", "fast_compiled", "fast_zero2_compiled"], "fast_recipe_h200",
           "OUT=out bash benchmarks/gpu_runs.sh fast   (h200_runs/fast.jsonl)", 8, 24, 1, "fast", repeats=True)
     table("zero_graphs.jsonl", ["lora_fast_compiled", "lora_fast_compiled_2", "lora_zero2_graphs",
@@ -223,7 +227,7 @@ if __name__ == "__main__":
                                 "lora_zero1_nohooks_nocheck_graphs"], "zero_graphs_h200",
           "OUT=out PROFILE=zero2_nosync_graphs_2 bash benchmarks/gpu_runs.sh zerographs   "
           "(h200_runs/zero_graphs.jsonl)",
-          8, 24, 1, "lora_fast_compiled")
+          8, 24, 1, "lora_fast_compiled", root=ARCHIVE)
     table("graphscheck.jsonl", ["plain_ga2", "plain_ga2_nographs", "z2_ga2", "z2_ga2_nographs", "z2_fp16",
                                 "z2_fp16_nographs", "z2_ga2_flat", "z2_ga2_flat_nographs"], "graphs_check_h200",
           "OUT=out bash benchmarks/gpu_runs.sh graphscheck, then VARIANTS=\"z2_fp16 z2_fp16_nographs\" in a "

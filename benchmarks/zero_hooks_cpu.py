@@ -4,9 +4,9 @@
     python benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds   # only the 3B shape's DeepSpeed configs of the
                                                                 # variants in GPU_CONFIGS, for gpu_runs.sh
 
-benchmarks/results/zero_hooks_cpu.md holds one run's table and what two runs showed.
+benchmarks/results/archive/zero_hooks_cpu.md holds one run's table and what two runs showed.
 
-The compiled LoRA step under ZeRO-2 is host-bound on the H200 (profile_lora_h200.md). DeepSpeed's ZeRO-1/2
+The compiled LoRA step under ZeRO-2 is host-bound on the H200 (archive/profile_lora_h200.md). DeepSpeed's ZeRO-1/2
 optimizer hooks every trainable parameter when gradients are partitioned (stage 2), overlapped with backward
 (overlap_comm) or copied into one buffer (contiguous_gradients, which dsnb turns on from stage 1); ZeRO-1 with
 both off hooks none and reduces after backward. Four variants, interleaved, `REPEATS` times each: no DeepSpeed,

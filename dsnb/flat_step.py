@@ -20,12 +20,12 @@ def take_over(engine) -> bool:
     (DeepSpeed 0.19's DeepSpeedZeroOptimizer): its flat fp32 partition, optimizer, clipping rule and config stay, its
     per-gradient work goes. DeepSpeed hooks each trained tensor (a copy into a bucket, then into a partition buffer),
     takes one fp64 norm per gradient and reads the norm's validity back to the host to clip: for 3B LoRA's 112
-    tensors, a compiled step of 29-33 ms whose GPU work is 17 ms (benchmarks/results/zero_graphs_h200.md). FlatStep
-    makes the same updates with a few multi-tensor operations and no host read. fp16 and fp32 (DeepSpeed skips a step
-    whose norm is not finite, which needs the host read), several processes and offload keep DeepSpeed's step, as does
-    zero_flat_step false (the caller's choice), and so does a DeepSpeed version FlatStep was not checked against (it
-    reads DeepSpeed's internals), with a note. Under it DeepSpeed's own gradient lists stay empty (safe_get_full_grad
-    returns None), and gradients are taken in engine.backward (a bare loss.backward() would leave them in .grad): dsnb
+    tensors, a compiled step of 29-33 ms whose GPU work is 17 ms (benchmarks/results/archive/zero_graphs_h200.md).
+    FlatStep makes the same updates with a few multi-tensor operations and no host read. fp16 and fp32 (DeepSpeed skips
+    a step whose norm is not finite, which needs the host read), several processes and offload keep DeepSpeed's step, as
+    does zero_flat_step false (the caller's choice), and so does a DeepSpeed version FlatStep was not checked against
+    (it reads DeepSpeed's internals), with a note. Under it DeepSpeed's own gradient lists stay empty
+    (safe_get_full_grad returns None), and gradients are taken in engine.backward (a bare loss.backward() would leave them in .grad): dsnb
     does neither. Returns whether the step was taken over."""
     import deepspeed
 

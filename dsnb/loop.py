@@ -225,11 +225,11 @@ class DeepSpeedStep:
 def graphs_under_zero(stage: int, accum: int, copied: bool) -> bool:
     """Whether a compiled ZeRO step on a GPU replays as CUDA graphs. Not at ZeRO-3: it swaps parameter storage on
     every fetch. With one micro-batch a step, at ZeRO-0/1/2 (3B LoRA on the H200, ZeRO-2: a compiled step of 29-42 ms
-    with graphs against 66-78 ms without; benchmarks/results/zero_graphs_h200.md). Summing over several, only where
-    DeepSpeed copies each gradient out of the graph's memory during the backward that wrote it (`copied`): ZeRO-2 with
-    contiguous_gradients (dsnb's configs) and no trained weight larger than its reduce bucket. ZeRO-0/1 keep each
-    gradient as .grad and non-contiguous ZeRO-2 in a list of its own until the step, and ZeRO-2 keeps an oversized
-    one as it is until its bucket is reduced, once seen past the backward (8B's embedding, 525M elements, exceeds
+    with graphs against 66-78 ms without; benchmarks/results/archive/zero_graphs_h200.md). Summing over several, only
+    where DeepSpeed copies each gradient out of the graph's memory during the backward that wrote it (`copied`): ZeRO-2
+    with contiguous_gradients (dsnb's configs) and no trained weight larger than its reduce bucket. ZeRO-0/1 keep each
+    gradient as .grad and non-contiguous ZeRO-2 in a list of its own until the step, and ZeRO-2 keeps an oversized one
+    as it is until its bucket is reduced, once seen past the backward (8B's embedding, 525M elements, exceeds
     the default 500M; module docstring; tests/test_train.py checks this against DeepSpeed). dsnb's flat ZeRO-2 step
     copies every gradient out after each backward, before the next replay (flat_step.take_over). cuda_graphs false
     turns them off before this is asked.

@@ -44,7 +44,7 @@ def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 
         # Overlap the gradient reduction (or its copy to the offloaded optimizer) with backward. One GPU training in
         # GPU memory under ZeRO-2 has neither to overlap, and DeepSpeed still synchronizes the device after each
         # backward for it (3B LoRA compiled on the H200, with bf16's check below off too: a step 1.7-1.9x the
-        # plain compiled one against 2.5x; benchmarks/results/zero_graphs_h200.md).
+        # plain compiled one against 2.5x; benchmarks/results/archive/zero_graphs_h200.md).
         zero["overlap_comm"] = stage == 3 or world_size > 1 or cfg.offload_optimizer != "none"
     if stage == 3:
         # Saving the trained model needs the partitioned weights gathered back into one state dict.

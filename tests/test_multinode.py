@@ -66,8 +66,8 @@ def test_two_nodes_through_torchrun_train_the_one_process_curve_as_one_run(workd
 
 
 def test_two_nodes_through_deepspeeds_launcher_and_a_hostfile(workdir):
-    """The README's recipe: a hostfile, `deepspeed ... --node_rank N --no_ssh` on each node (what pdsh would run
-    over ssh), ZeRO-3 across the nodes."""
+    """The recipe of docs/deepspeed-and-capacity.md: a hostfile, `deepspeed ... --node_rank N --no_ssh` on each node
+    (what pdsh would run over ssh), ZeRO-3 across the nodes."""
     (workdir / "hostfile").write_text("node-a slots=1\nnode-b slots=1\n")
     master = port()
     launcher = lambda n: ["deepspeed.launcher.runner", "--hostfile", "hostfile", "--no_ssh", "--node_rank", str(n),  # noqa: E731
