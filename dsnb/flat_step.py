@@ -25,8 +25,8 @@ def take_over(engine) -> bool:
     a step whose norm is not finite, which needs the host read), several processes and offload keep DeepSpeed's step, as
     does zero_flat_step false (the caller's choice), and so does a DeepSpeed version FlatStep was not checked against
     (it reads DeepSpeed's internals), with a note. Under it DeepSpeed's own gradient lists stay empty
-    (safe_get_full_grad returns None), and gradients are taken in engine.backward (a bare loss.backward() would leave them in .grad): dsnb
-    does neither. Returns whether the step was taken over."""
+    (safe_get_full_grad returns None), and gradients are taken in engine.backward (a bare loss.backward() would leave
+    them in .grad): dsnb does neither. Returns whether the step was taken over."""
     import deepspeed
 
     o = engine.optimizer

@@ -129,21 +129,27 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     return "\n".join(lines)
 
 
-def time_lines(cfg: RunConfig, p: Plan, world: int = 1) -> list[str]:
-    """The expected time on this GPU (and, under the colab_t4 preset, on a T4), with faster settings where the
-    notebook's pair would run for more than an hour; nothing on the CPU, where no rate is calibrated."""
+def time_lines(cfg: RunConfig, p: Plan, world: int = 1, gpus: list[str] | None = None) -> list[str]:
+    """The expected time on this GPU (and, under the colab_t4 preset, on a T4), or on `gpus` (timing.GPUS), with
+    faster settings where the notebook's pair would run for more than an hour; nothing on the CPU, where no rate is
+    calibrated."""
     from .timing import describe_time, faster_settings, gpu_class, minutes, pair_estimate, time_estimate
 
-    here = None
-    if preflight.pick_device() != "cpu":
-        import torch
+    if gpus is None:
+        here = None
+        if preflight.pick_device() != "cpu":
+            import torch
 
-        here = gpu_class(torch.cuda.get_device_name())
-    gpus = list(dict.fromkeys([g for g in (here, "T4" if cfg.preset == "colab_t4" else None) if g]))
+            here = gpu_class(torch.cuda.get_device_name())
+        gpus = list(dict.fromkeys([g for g in (here, "T4" if cfg.preset == "colab_t4" else None) if g]))
     lines = []
     for gpu in gpus:
         est = time_estimate(cfg, p.lengths, p.config, p.trainable, world, gpu, p.samples)
-        pair = pair_estimate(cfg, p.lengths, p.config, p.trainable, world, gpu)
+        try:
+            pair = pair_estimate(cfg, p.lengths, p.config, p.trainable, world, gpu)
+        except ConfigError:  # a variant the tutorial's pair cannot be made of (flex attention under DeepSpeed, say)
+            lines.append(describe_time(est))
+            continue
         lines.append(describe_time(est) + f"; the tutorial's pair ({cfg.runs_each} run(s) each): about "
                      f"{minutes(pair)}")
         if pair > 3600:
