@@ -13,8 +13,15 @@ estimate, evaluate, card; preflight; tracking; flat_step, loop, train; launch, p
 capacity; report; notebook; cli.
 """
 import importlib
+import logging
 
-from .compare import compare  # eagerly (it imports nothing heavy): the module of the same name would shadow it
+# bitsandbytes' notes that tell a user nothing to do, quieted before anything imports it (peft does, through
+# transformers' Trainer): 8-bit matmuls casting fp32 inputs to fp16 at every call (the CPU's fp32 runs), and 4-bit on
+# the CPU lacking an optional kernel package (it falls back by itself).
+for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
+
+from .compare import compare  # noqa: E402  eagerly (it imports nothing heavy): the module of the same name would shadow it
 
 # Each name's module, imported on first use: `import dsnb` then costs nothing, and what reads a store (notebook 03,
 # the setup cell's own installer) runs where torch, DeepSpeed or peft are not installed.
@@ -25,8 +32,9 @@ _WHERE = {
     "compare_table": "report", "verdict": "report", "same_work": "report", "plot_runs": "report", "answers": "report",
     "quality_verdict": "report", "find_runs": "report", "savings_table": "report", "best_for_budget": "report",
     "save_model": "publish", "load_saved": "publish", "push_to_hub": "publish", "keep": "publish", "ask": "publish",
-    "hub_token": "publish", "RunResult": "tracking", "export_store": "tracking", "download_store": "tracking",
-    "open_store": "tracking", "ui_command": "tracking", "show_ui": "tracking", "run_capacity": "capacity",
+    "model_to_ask": "publish", "hub_token": "publish", "RunResult": "tracking", "export_store": "tracking",
+    "download_store": "tracking", "open_store": "tracking", "ui_command": "tracking", "show_ui": "tracking",
+    "run_capacity": "capacity",
 }
 __all__ = ["compare", *_WHERE]
 

@@ -13,7 +13,7 @@ import os
 from importlib import metadata
 
 from .config import RunConfig
-from .data import CLOSED_BOOK, HUB_DATASETS
+from .data import HUB_DATASETS, eval_task
 
 KINDS = {"adapter": "LoRA adapter", "merged": "base model with the LoRA adapter merged in",
          "full": "fully fine-tuned model"}
@@ -48,7 +48,7 @@ def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict) -> str:
              "tags: [dsnb, deepspeed, " + ("lora, " if cfg.lora_r else "") + "question-answering]",
              *([f"datasets: [{HUB_DATASETS[cfg.dataset]}]"] if cfg.dataset in HUB_DATASETS else []), "---", ""]
     synthetic = cfg.model.startswith("synthetic:")
-    task = "closed-book" if cfg.prompt in CLOSED_BOOK else "reading the passage"
+    task = eval_task(cfg)
     rows = [("base model", base + (" (dsnb's offline Llama of random weights: its scores say nothing about a real "
                                    "model)" if synthetic else "")),
             ("data", f"{data_name(cfg)}: the first {cfg.num_samples} training rows, prompt `{cfg.prompt}` ({task})"),

@@ -22,6 +22,14 @@ PASSAGE = "본문: {context}\n질문: {question}\n답변: {answer}"  # reading c
 CLOSED_BOOK = ("eos", "tutorial", "chat")  # prompts without the passage: the answer must come from memory
 NO_ANSWER = "정답 없음"
 FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def eval_task(cfg: RunConfig) -> str:
+    """What the held-out scores measure, as every report labels them: reading comprehension, or (a closed-book
+    prompt) what the model already knew (synthetic data: paraphrases of the trained facts)."""
+    if cfg.prompt not in CLOSED_BOOK:
+        return "reading the passage"
+    return "closed-book: paraphrases of trained facts" if cfg.dataset == "synthetic" else "closed-book: prior knowledge"
 HUB_SQUAD = "rajpurkar/squad"  # the canonical, namespaced id: datasets 5 refuses the bare "squad"
 # KorQuAD 1.0 (Korean SQuAD-format reading comprehension) for the Korean model the tutorial fine-tunes. Its hub
 # repository holds a loading script, which datasets 5 no longer runs; the hub's own Parquet conversion is read instead.

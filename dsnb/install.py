@@ -6,9 +6,10 @@ datasets, pyarrow, ...), then DeepSpeed's CPU Adam built once.
     python -m dsnb.install --read     # only what reading a store needs (notebook 03): mlflow, pandas, matplotlib
 
 Only the standard library and `packaging` (which pip itself ships) are used here, so it runs before the rest of dsnb
-can be imported. Installed versions that satisfy a requirement become pins (a constraints file), so pip neither
-upgrades them nor pulls another torch; a requirement that is missing, or installed at a version dsnb cannot use, is
-installed.
+can be imported. Every installed package is pinned at its version (a constraints file), so what pip adds for a
+missing requirement cannot upgrade what Colab has, nor pull another torch; a requirement that is missing, or installed
+at a version dsnb cannot use, is installed. Where keeping everything is impossible (a new package needs a newer one of
+Colab's), pip is asked again with only dsnb's own requirements and torch pinned, and says what it changed.
 """
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ def requirements(read_only: bool = False) -> list[str]:
     return [str(r) for r in wanted]
 
 
-def plan(wanted: list[str]) -> tuple[list[str], list[str]]:
-    """(requirements to install, pins for what is installed and serves): a requirement installed at a version it
-    allows is pinned to that version; one missing or outside it is installed."""
+def plan(wanted: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(requirements to install, pins for every installed package, pins for dsnb's own installed requirements and
+    torch): a requirement installed at a version it allows is kept; one missing or outside it is installed (and its
+    installed version left unpinned)."""
     Requirement = requirement_class()
-    install, pins = [], []
+    install, own = [], []
     for text in wanted:
         req = Requirement(text)
         try:
@@ -53,32 +55,56 @@ def plan(wanted: list[str]) -> tuple[list[str], list[str]]:
             install.append(text)
             continue
         if req.specifier.contains(have, prereleases=True):
-            pins.append(f"{req.name}=={have}")
+            own.append(f"{req.name}=={have}")
         else:
             install.append(text)
     for name in ("torch", "torchvision", "torchaudio"):  # never replaced, whatever a requirement pulls in
         try:
-            pins.append(f"{name}=={metadata.version(name)}")
+            own.append(f"{name}=={metadata.version(name)}")
         except metadata.PackageNotFoundError:
             pass
-    return install, pins
+    replaced = {norm(Requirement(text).name) for text in install}
+    everything = sorted(f"{name}=={version}" for name, version in versions().items() if name not in replaced)
+    return install, everything, own
+
+
+def norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def versions() -> dict[str, str]:
+    import importlib
+
+    importlib.invalidate_caches()
+    return {norm(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+
+
+def pip_install(install: list[str], pins: list[str]) -> int:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(pins) + "\n")
+    try:
+        return subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                               "-c", f.name, *install]).returncode
+    finally:
+        os.remove(f.name)
 
 
 def main(argv: list[str]) -> int:
     started = time.time()
     read_only = "--read" in argv
-    install, pins = plan(requirements(read_only))
-    print(f"dsnb setup: {len(pins)} installed package(s) kept as they are, {len(install)} to install: "
+    install, everything, own = plan(requirements(read_only))
+    print(f"dsnb setup: every installed package kept as it is ({len(everything)}), {len(install)} to install: "
           f"{', '.join(install) or 'none'}", flush=True)
-    if install:
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write("\n".join(pins) + "\n")
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                               "-c", f.name, *install])
-        os.remove(f.name)
-        if done.returncode:
+    if install and pip_install(install, everything):
+        print("dsnb setup: not installable beside every installed package as it is; again with only dsnb's own "
+              "requirements and torch kept (pip may change other packages)", flush=True)
+        before = versions()
+        if pip_install(install, own):
             print(f"dsnb setup: pip could not install {', '.join(install)} (its message is above)", flush=True)
             return 1
+        after = versions()
+        changed = [f"{n} {v} -> {after[n]}" for n, v in sorted(before.items()) if after.get(n, v) != v]
+        print(f"dsnb setup: changed {', '.join(changed) or 'nothing installed before'}", flush=True)
     if not read_only:
         done = subprocess.run([sys.executable, "-m", "dsnb", "prepare"])
         if done.returncode:

@@ -18,7 +18,7 @@ import sqlite3
 import tempfile
 import time
 
-from .config import ConfigError, RunConfig, check_environment, describe
+from .config import ConfigError, RunConfig, check_environment, describe, preset_fields
 from .zero import deepcompile_asked, read_ds_config
 
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
@@ -338,8 +338,9 @@ def check_device(cfg: RunConfig, device: str) -> None:
     import torch
 
     if device == "cpu" and cfg.dtype == "fp16":
-        raise ConfigError("dtype fp16 needs a GPU and this machine has none; use dtype bf16 or fp32 "
-                          "(or DSNB_OFFLINE=1 for the offline default)")
+        preset = f" (the {cfg.preset} preset sets it)" if preset_fields(cfg.preset).get("dtype") == "fp16" else ""
+        offline = "" if cfg.model.startswith("synthetic:") else " (or DSNB_OFFLINE=1 for the offline default)"
+        raise ConfigError(f"dtype fp16 needs a GPU and this machine has none{preset}; use dtype bf16 or fp32{offline}")
     if device == "cpu" and cfg.attention == "flex":
         raise ConfigError("attention flex needs a GPU (torch's flex attention has no backward pass on the CPU); "
                           "use attention sdpa")

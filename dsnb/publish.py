@@ -192,6 +192,18 @@ def keep(result: RunResult, folder: str = "", merge: bool = False, push_to: str 
     return folder
 
 
+def model_to_ask(cfg: RunConfig, results: list[RunResult], quality: RunResult | None = None) -> RunResult:
+    """The run a notebook asks: the comparison's first finished run, trained on cfg.model; but where cfg.model is one
+    of dsnb's random synthetic models (offline), the quality check's run, which learned to answer."""
+    finished = [r for r in results if r.status == "FINISHED"]
+    if cfg.model.startswith("synthetic:") and quality is not None and quality.status == "FINISHED":
+        return quality
+    if not finished:
+        raise ConfigError("no run of the comparison finished, so there is no trained model to ask; see its "
+                          "failure above")
+    return finished[0]
+
+
 _ASKED: dict = {}  # folder -> (model, tokenizer, config): loaded once for every question
 
 

@@ -77,7 +77,8 @@ def compare_table(runs: list[RunResult]):
     ratio of medians to the first, marked where it is within the run-to-run spread."""
     import pandas as pd
 
-    groups = grouped(load_runs(runs))
+    loaded = load_runs(runs)
+    groups = grouped(loaded)
     columns = {}
     for name, group in groups.items():
         cells = ["/".join(sorted({r.info.status for r in group})), str(len(group))]
@@ -93,7 +94,14 @@ def compare_table(runs: list[RunResult]):
             a, b = summary(groups[name], key), summary(groups[names[0]], key)
             cells.append(_ratio(a, b, min(len(groups[name]), len(groups[names[0]]))) if a and b and b[0] else "")
         columns[f"{name} / {names[0]}"] = cells
-    return pd.DataFrame(columns, index=["status", "runs"] + METRICS)
+    tasks = eval_tasks(loaded)
+    index = [f"{key} ({tasks})" if key.startswith("eval_exact") or key == "eval_f1" else key for key in METRICS]
+    return pd.DataFrame(columns, index=["status", "runs"] + index)
+
+
+def eval_tasks(loaded: list) -> str:
+    """What the runs' held-out scores measure (their eval_task), as a label."""
+    return " / ".join(sorted({r.data.params.get("eval_task", "held-out") for r in loaded}))
 
 
 def _ratio(a: tuple, b: tuple, runs: int) -> str:
@@ -196,6 +204,7 @@ def synthetic_note(model: str | None, preset: str | None = "") -> str:
 def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
     """What a person reads when a run ends: steady-state speed, peaks, loss, scores, and how to open the run (every
     metric is in MLflow, and with --verbose)."""
+    from .data import eval_task
     from .tracking import ui_command
 
     m = metrics
@@ -213,9 +222,9 @@ def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
     lines.append(f"  peaks    {gpu}host {m.get('peak_cpu_rss_mb', 0) / 1024:.2f} GB resident")
     if "train_loss" in m:
         lines.append(f"  loss     {m['train_loss']:.4g} (the mean over the steps)")
-    for name, label in (("eval", "held-out"), ("recall", "recall")):
+    for name, label in (("eval", f"held-out ({eval_task(cfg)})"), ("recall", "recall (trained questions)")):
         if f"{name}_exact_match" in m:
-            lines.append(f"  {label:<8} exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> "
+            lines.append(f"  {label} exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> "
                          f"{m[f'{name}_exact_match']:.2f}, F1 {m.get(f'{name}_f1_before', 0):.2f} -> "
                          f"{m.get(f'{name}_f1', 0):.2f} on {m.get(f'{name}_questions', 0):.0f} questions"
                          + synthetic_note(cfg.model, cfg.preset))
@@ -364,7 +373,7 @@ def plot_runs(runs: list[RunResult], log: bool = True):
     bars(axes[0, 1], "samples_per_second", color="tab:green")
     bars(axes[1, 0], "eval_exact_match", color="tab:purple")
     for ax, title in ((axes[0, 0], "peak memory (GB)"), (axes[0, 1], "steady-state samples/s"),
-                      (axes[1, 0], "held-out exact match after training")):
+                      (axes[1, 0], f"held-out exact match after training ({eval_tasks(loaded)})")):
         ax.set(title=title, xticks=x, xticklabels=list(groups))
         ax.tick_params(axis="x", labelrotation=15, labelsize=8)
     for name, run in zip(_names(loaded), loaded, strict=True):

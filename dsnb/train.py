@@ -514,11 +514,9 @@ def record_start(s: Session, checkpoint: str | None) -> None:
     import mlflow
 
     mlflow.log_metrics(s.plan.estimate)
-    from .data import CLOSED_BOOK
+    from .data import eval_task
 
-    task = "reading the passage" if s.cfg.prompt not in CLOSED_BOOK else \
-        "closed-book: paraphrases of trained facts" if s.cfg.dataset == "synthetic" else "closed-book: prior knowledge"
-    mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION, "eval_task": task,
+    mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION, "eval_task": eval_task(s.cfg),
                        "eval_set": eval_set_id(s.plan.eval_rows)})
     if s.counts["truncated_samples"]:
         mlflow.set_tag("data_warning", f"max_length {s.cfg.max_length} cuts {s.counts['truncated_samples']} samples "

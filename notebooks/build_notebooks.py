@@ -44,14 +44,16 @@ if os.environ.get("COLAB_RELEASE_TAG") and not os.path.isfile("dsnb_setup.log"):
     uploads = sorted(glob.glob("/content/dsnb*.whl") + glob.glob("/content/dsnb*.zip")
                      + glob.glob("/content/drive/MyDrive/dsnb*.whl"))
     source = DSNB_SOURCE or os.environ.get("DSNB_SOURCE") or (uploads[-1] if uploads else "{SOURCE}")
+    log = ""
     for step in (["pip", "install", "-q", "--no-deps", source], {steps}):
         run = subprocess.run([sys.executable, "-m", *step], capture_output=True, text=True)
         print(run.stdout[-3000:], end="")
+        log += run.stdout + run.stderr
         if run.returncode:
-            open("dsnb_setup_failed.log", "w").write(run.stdout + run.stderr)
+            open("dsnb_setup_failed.log", "w").write(log)
             raise SystemExit(f"dsnb could not be set up from {{source}}: upload a dsnb wheel or the repository's zip "
                              "to /content, or set DSNB_SOURCE; then run again (dsnb_setup_failed.log says why)")
-        open("dsnb_setup.log", "a").write(run.stdout + run.stderr)
+    open("dsnb_setup.log", "w").write(log)  # written once every step succeeded: a failed setup runs again
     print(f"dsnb set up from {{source}}")"""
 
 
@@ -145,12 +147,12 @@ closed-book text stays as `prompt = "eos"`), and every run lands in MLflow with 
         new_code_cell("quality = dsnb.quality_check(cfg)\nprint(dsnb.quality_verdict(quality))"),
         checked("print(dsnb.quality_verdict(quality).splitlines()[0])"),
         new_markdown_cell("## Ask the trained model\nType a question (and the passage it should read); the answer "
-                          "streams as it is generated. Offline, the tutorial pair's model is a random tiny one, so "
-                          "this asks the quality check's model (`quality`); with `eval_samples = 0`, the pair's."),
+                          "streams as it is generated. This asks the comparison's first run (without DeepSpeed); "
+                          "offline, where that model is a random tiny one, the quality check's model instead."),
         new_code_cell('question = "본문에 따르면 대한민국의 수도는 어디인가요?"  # @param {type:"string"}\n'
                       'passage = "대한민국의 수도는 서울이다. 그 도시의 가장 오래된 대학교는 1398년에 문을 열었다."  '
                       '# @param {type:"string"}\n'
-                      'answer = dsnb.ask(quality or results[0], question, passage)'),
+                      'answer = dsnb.ask(dsnb.model_to_ask(cfg, results, quality), question, passage)'),
         new_markdown_cell("## Keep the trained model\nThe tutorial run's adapter as a folder that peft and "
                           "transformers load, with its model card; `merge` folds the LoRA weights into the base model "
                           "(dsnb checks the host RAM first and writes down how far the merged model's logits moved). "

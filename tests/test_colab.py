@@ -160,6 +160,23 @@ def test_colab_rehearsal_from_an_empty_environment(tmp_path):
     print(f"setup: {facts}")
 
 
+def test_the_setup_keeps_every_installed_package_and_installs_only_what_dsnb_lacks():
+    """The setup cell's installer: what is missing or at a version dsnb cannot use is installed; every other installed
+    package (Colab's pyarrow and huggingface-hub, which a missing package's needs could upgrade) is pinned as it is."""
+    from importlib import metadata
+
+    import torch
+
+    from dsnb.install import plan, requirements
+
+    install, everything, own = plan(requirements() + ["dsnb-missing-package>=1", "numpy<1"])
+    assert install == ["dsnb-missing-package>=1", "numpy<1"]  # numpy 2 is installed, which numpy<1 cannot use
+    pinned = dict(p.split("==") for p in everything)
+    assert "numpy" not in pinned and pinned["pyarrow"] == metadata.version("pyarrow")
+    assert pinned["torch"] == torch.__version__ and f"torch=={torch.__version__}" in own
+    assert f"transformers=={metadata.version('transformers')}" in own and len(everything) > len(own)
+
+
 def test_every_hub_id_is_namespaced():
     """datasets 5 refuses a bare "squad" (it wants rajpurkar/squad): every hub id dsnb uses names its owner."""
     from dsnb.config import RunConfig

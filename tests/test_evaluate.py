@@ -142,3 +142,27 @@ def test_the_quality_run_learns_the_held_out_facts(workdir):
     assert len(rows) == 72 and {"set", "id", "question", "gold", "before", "after", "after_em"} <= set(rows[0])
     assert sum(r["after_em"] for r in rows) == round(72 * m["eval_exact_match"])
     assert client.get_run(result.run_id).data.params["eval_task"] == "reading the passage"
+
+
+@pytest.mark.integration
+def test_a_closed_book_run_is_labelled_so_and_scored_on_trained_questions_too(workdir):
+    """The tutorial's closed-book text: held-out scores are labelled as what the model knew, wherever they are shown
+    (summary, table, MLflow), and the trained questions are asked again (recall), so the run still shows learning."""
+    import mlflow
+
+    from dsnb.config import OFFLINE, RunConfig
+    from dsnb.launch import run_variant
+    from dsnb.report import compare_table, run_summary
+
+    cfg = RunConfig(**dict(OFFLINE, prompt="eos", max_steps=2, eval_samples=4, save_model=False))
+    result = run_variant(cfg, progress=False)
+    assert result.status == "FINISHED", result
+    m = result.metrics
+    assert m["eval_questions"] == 4 and m["recall_questions"] == 4
+    assert {"recall_exact_match", "recall_exact_match_before", "recall_f1"} <= set(m)
+    task = "closed-book: paraphrases of trained facts"
+    uri = result.tracking_uri.replace("sqlite:///", f"sqlite:///{workdir}/")
+    assert mlflow.MlflowClient(uri).get_run(result.run_id).data.params["eval_task"] == task
+    summary = run_summary(m, cfg, result.run_id)
+    assert f"held-out ({task}) exact match" in summary and "recall (trained questions) exact match" in summary
+    assert f"eval_exact_match ({task})" in compare_table([result]).index

@@ -71,3 +71,40 @@ def test_a_misspelled_lora_target_is_an_error_not_a_dropped_adapter():
     with pytest.raises(ConfigError, match="lora_targets 'q_proj,v_projx': v_projx matches no module of synthetic:tiny; "
                                           "its linear layers are .*v_proj"):
         load_model(RunConfig(**dict(OFFLINE, quantization="none", lora_targets="q_proj,v_projx")), "cpu")
+
+
+def test_a_hub_download_reports_its_bytes_while_one_large_file_arrives(tmp_path, monkeypatch):
+    """fetch tells the notebook how far a download is by the bytes in the hub cache, within a file too (a 3B model's
+    5 GB shard would otherwise show nothing for minutes). The hub is not reachable here: its two calls are stood in
+    for by a listing and a writer that fills the cache's blobs folder as huggingface_hub does."""
+    import time
+    from types import SimpleNamespace
+
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from dsnb import model as model_module
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    blobs = tmp_path / "models--owner--big" / "blobs"
+    files = [SimpleNamespace(rfilename="config.json", size=100), SimpleNamespace(rfilename="model.safetensors",
+                                                                                 size=10_000_000)]
+    monkeypatch.setattr(huggingface_hub, "HfApi", lambda: SimpleNamespace(
+        model_info=lambda name, files_metadata: SimpleNamespace(siblings=files)))
+
+    def snapshot_download(name, allow_patterns, local_files_only=False):
+        if local_files_only:
+            raise huggingface_hub.utils.LocalEntryNotFoundError("not cached")
+        blobs.mkdir(parents=True)
+        with open(blobs / "abc.incomplete", "wb") as f:  # one file, arriving over about 5 s
+            for _ in range(10):
+                f.write(b"x" * 1_000_010)
+                f.flush()
+                time.sleep(0.5)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    said = []
+    model_module.fetch("owner/big", said.append)
+    progress = [s for s in said if s.startswith("downloaded ") and " of " in s]
+    assert said[0].startswith("downloading owner/big: 2 files") and said[-1].startswith("downloaded owner/big in")
+    assert len(progress) >= 2 and progress[0] != progress[-1], said  # within the one file, not only after it

@@ -87,19 +87,19 @@ def test_a_busy_machine_is_measured_during_the_timed_steps():
     import sys
     import time
 
+    import psutil
+
     from dsnb.metrics import host_load, host_snapshot
 
-    start = host_snapshot()
-    time.sleep(1.0)
-    idle = host_load(start, host_snapshot())
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
-        start = host_snapshot()
+        spun, start = sum(psutil.Process(spinner.pid).cpu_times()[:2]), host_snapshot()
         time.sleep(2.0)
-        busy = host_load(start, host_snapshot())
+        spun, busy = sum(psutil.Process(spinner.pid).cpu_times()[:2]) - spun, host_load(start, host_snapshot())
     finally:
         spinner.kill()
-    assert busy["host_other_cores"] > 0.7 and busy["host_other_cores"] > idle["host_other_cores"] + 0.5
+    # However busy the machine is (the suite's other worker), the spinner's own CPU time is counted as other cores.
+    spinner_cores = spun / 2.0
+    assert spinner_cores > 0.3 and busy["host_other_cores"] >= 0.9 * spinner_cores - 0.05, (spinner_cores, busy)
     assert json.dumps(busy)  # plain numbers, loggable as metrics
-    pytest.importorskip("psutil")
