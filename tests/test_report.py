@@ -3,7 +3,6 @@ check over every field that sets the work, and speed verdicts that name a busy m
 import json
 
 import mlflow
-import pytest
 
 from dsnb.config import NOT_WORK, OFFLINE, WORK_FIELDS, RunConfig, field_names
 from dsnb.report import answers, same_work, verdict
