@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU evidence in benchmarks/results/, one stage per GPU-machine call (each well under 10 minutes).
 #   OUT=out bash benchmarks/gpu_runs.sh bench        # dsnb bench, variants side by side on every GPU
-#   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone, with a profiled step
-#                                                    # (REPEATS=2 HINTS=0: 2 repeats, no perf-hints run)
+#   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone from cold compile caches, with a
+#                                                    # profiled step (REPEATS=2 HINTS=0 ROWS=32: 2 repeats, no
+#                                                    # perf-hints run, 32 rows a step)
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
@@ -42,6 +43,10 @@ dump() { python3 benchmarks/dump_runs.py "$DB" --tails "$OUT/tails_$1.txt" 2>/de
 own_arch() { echo "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST:-}'"
              export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1); }
 prebuild() { python3 -c "import sys; from dsnb.model import resolve_model; [resolve_model(m) for m in sys.argv[1:]]" "$@"; }
+# One bench variant (variants/bench.yaml) as `dsnb run` flags, with the bench's own: untimed and timed steps, a loss
+# record a step, no model saved, no questions asked.
+bench_flags() { echo "-f variants/bench.yaml --variant $1 --untimed_steps $2 --max_steps $(($2 + $3)) --logging_steps 1" \
+                     "--save_model false --eval_samples 0 --experiment dsnb_bench"; }
 B3=(--model synthetic:llama-3.2-3b --dataset synthetic --save_model false --tracking_uri "$DB")
 
 [ $# -gt 0 ] || set -- usage
@@ -52,13 +57,20 @@ bench)
   timeout 500 python3 -m dsnb bench --gpus "$GPUS" --repeats 3 --untimed 3 --steps 6 --out "$OUT" --tracking_uri "$DB"
   dump bench
   ;;
-throughput)  # the throughput mode alone: one repeat at a time (compiling beside a timed run would slow it)
+throughput)  # the throughput mode alone, each repeat a fresh process with a cold compile cache (as a user's first run),
+  # one at a time (compiling beside a timed run would slow it); ROWS: rows of 512 tokens a step (24, the bench's)
   prebuild synthetic:llama-3.2-3b
-  DSNB_PROFILE=$OUT/profile_throughput_compiled.txt timeout 420 python3 -m dsnb bench --only throughput_compiled \
-    --repeats "${REPEATS:-3}" --untimed 8 --steps 12 --out "$OUT" --tracking_uri "$DB"
-  [ "${HINTS:-1}" = 1 ] || { dump throughput; continue; }  # HINTS=0: the bench alone
+  for rep in $(seq "${REPEATS:-3}"); do
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cold_$rep timeout 200 python3 -m dsnb run \
+      $(bench_flags throughput_compiled 8 12) --batch_size "${ROWS:-24}" --tracking_uri "$DB" \
+      --run_name "throughput_compiled_rows${ROWS:-24}_cold$rep" > "$OUT/throughput_cold$rep.log" 2>&1
+    echo "cold repeat $rep exit $?: $(grep -E '^  speed' "$OUT/throughput_cold$rep.log")"
+  done
+  timeout 200 python3 -m dsnb run $(bench_flags throughput_compiled 8 2) --batch_size "${ROWS:-24}" \
+    --profile "$OUT/profile_throughput_compiled.txt" --tracking_uri "$DB" --run_name profiled > "$OUT/profiled.log" 2>&1
+  [ "${HINTS:-1}" = 1 ] || { dump throughput; continue; }  # HINTS=0: no perf-hints run
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
-  TORCH_LOGS=perf_hints timeout 200 python3 -m dsnb run $(python3 benchmarks/bench_flags.py throughput_compiled 4 2) \
+  TORCH_LOGS=perf_hints timeout 200 python3 -m dsnb run $(bench_flags throughput_compiled 4 2) \
     --tracking_uri "$DB" --run_name perf_hints > "$OUT/throughput_perf_hints.log" 2>&1
   grep -i "cudagraph" "$OUT/throughput_perf_hints.log" | sort | uniq -c | head -20
   dump throughput
@@ -143,7 +155,7 @@ last)  # one variant a command, each with its own limit, both GPUs busy; a hung 
   prebuild synthetic:llama-3.2-3b
   one() { local gpu=$1 name=$2 limit=$3; shift 3
     CUDA_VISIBLE_DEVICES=$gpu PYTHONFAULTHANDLER=1 timeout -s ABRT "$limit" python3 -m dsnb run \
-      $(python3 benchmarks/bench_flags.py "$name" 4 8) --tracking_uri "$DB" "$@" > "$OUT/$name.log" 2>&1
+      $(bench_flags "$name" 4 8) --tracking_uri "$DB" "$@" > "$OUT/$name.log" 2>&1
     echo "$name exit $?"; }
   T4=("${B3[@]}" --preset colab_t4 --quantization none --padding bucket --batch_size 8 --grad_accum 1 --max_steps 12
       --untimed_steps 4 --eval_samples 0 --experiment t4_fast --run_name t4_fp16_trainer_device_map)
@@ -169,7 +181,7 @@ zero2knobs)  # fast_zero2_compiled as dsnb built it before (bf16 overflow check 
   python3 benchmarks/zero_hooks_cpu.py --gpu-configs /tmp/ds
   for v in default nocheck nocheck_nooverlap; do
     config=$(case $v in default) echo z2_syncs;; nocheck) echo z2_nocheck;; *) echo z2_nosync;; esac)
-    timeout 130 python3 -m dsnb run $(python3 benchmarks/bench_flags.py fast_zero2_compiled 8 24) --cuda_graphs false \
+    timeout 130 python3 -m dsnb run $(bench_flags fast_zero2_compiled 8 24) --cuda_graphs false \
       --ds_config_path "/tmp/ds/$config.json" --tracking_uri "$DB" --run_name "z2_$v" > "$OUT/z2_$v.log" 2>&1
     echo "$v exit $?"
   done
@@ -178,7 +190,7 @@ zero2knobs)  # fast_zero2_compiled as dsnb built it before (bf16 overflow check 
 profile)  # where a step of the fast recipe (target 400 samples/s) and of its ZeRO-2 twin (target 1.25x) goes
   prebuild synthetic:llama-3.2-3b
   for name in fast_compiled fast_zero2_compiled; do
-    timeout 200 python3 -m dsnb run $(python3 benchmarks/bench_flags.py "$name" 8 24) --profile "$OUT/profile_$name.txt" \
+    timeout 200 python3 -m dsnb run $(bench_flags "$name" 8 24) --profile "$OUT/profile_$name.txt" \
       --tracking_uri "$DB" --run_name "profile_$name" > "$OUT/profile_$name.log" 2>&1
     echo "$name exit $?"; head -1 "$OUT/profile_$name.txt"
   done
@@ -217,7 +229,7 @@ zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) repla
       zero2_stock|full_stock) flags=(--zero_flat_step false);; esac  # zero2_flat, full_flat: dsnb's flat ZeRO-2 step
     [ "$v" != "${PROFILE:-}" ] || flags+=(--profile "$OUT/profile_$name.txt")
     TORCH_LOGS=perf_hints timeout "${LIMIT:-200}" python3 -m dsnb run \
-      $(python3 benchmarks/bench_flags.py $base 8 24) "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero_graphs \
+      $(bench_flags $base 8 24) "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_zero_graphs \
       --run_name "$name" > "$OUT/$name.log" 2>&1
     echo "$v exit $?"; dump zerographs > /dev/null
   done
@@ -234,7 +246,7 @@ graphscheck)  # CUDA graphs against none (--cuda_graphs false) where gradients a
     [[ $v != *nographs ]] || flags+=(--cuda_graphs false)
     [[ $v != *ga2* ]] || flags+=(--grad_accum 2)
     [[ $v != *fp16* ]] || flags+=(--dtype fp16)
-    timeout "${LIMIT:-150}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 24) \
+    timeout "${LIMIT:-150}" python3 -m dsnb run $(bench_flags $base 8 24) \
       "${flags[@]}" --tracking_uri "$DB" --experiment dsnb_graphs_check --run_name "$v" > "$OUT/$v.log" 2>&1
     echo "$v exit $?"; dump graphscheck > /dev/null
   done
@@ -251,7 +263,7 @@ deepcompile)  # full fine-tuning of the 3B shape under compiled ZeRO-3: plain to
     base=full_zero3_compiled flags=()
     [[ $v != offload* ]] || base=full_zero3_offload_15gb
     [[ $v != *_dc ]] || flags+=(--deepcompile true)
-    timeout "${LIMIT:-240}" python3 -m dsnb run $(python3 benchmarks/bench_flags.py $base 8 16) "${flags[@]}" \
+    timeout "${LIMIT:-240}" python3 -m dsnb run $(bench_flags $base 8 16) "${flags[@]}" \
       --tracking_uri "$DB" --experiment dsnb_deepcompile --run_name "$v" > "$OUT/$v.log" 2>&1
     echo "$v exit $?"; dump deepcompile > /dev/null
   done

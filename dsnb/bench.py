@@ -17,54 +17,37 @@ import statistics
 import sys
 
 from . import preflight
-from .config import OFFLINE, ConfigError, RunConfig
+from .config import OFFLINE, ConfigError, RunConfig, read_variants
 from .launch import run_all
 from .tracking import RunResult
 
-# dsnb's fast recipe: bf16 weights instead of 8-bit, each batch padded only to its longest sample, and
-# one micro-batch of 8 instead of 2 x 4 accumulation (same effective batch, a quarter of the steps).
-FAST = dict(quantization="none", dtype="bf16", padding="longest", batch_size=8, grad_accum=1)
-FULL = dict(FAST, lora_r=0)
-# ... then dsnb's compiled loop instead of the Trainer's step: one fixed shape (8 x 64 tokens), CUDA graphs.
-COMPILED = dict(FAST, padding="bucket", torch_compile=True)
-VARIANTS = {
-    "tutorial": {},
-    "tutorial_zero2_offload": dict(strategy="zero2", offload_optimizer="cpu"),
-    "fast": FAST,
-    "fast_zero2": dict(FAST, strategy="zero2"),
-    "fast_compiled": COMPILED,
-    # DeepSpeed in dsnb's compiled loop: what ZeRO costs once the step is no longer the Trainer's.
-    "fast_zero2_compiled": dict(COMPILED, strategy="zero2"),
-    "fast_zero3_compiled": dict(COMPILED, strategy="zero3"),
-    # Full fine-tuning (every weight trained), where DeepSpeed's partitioning pays off.
-    "full": FULL,
-    "full_compiled": dict(FULL, padding="bucket", torch_compile=True),
-    "full_zero2_compiled": dict(FULL, padding="bucket", torch_compile=True, strategy="zero2"),
-    "full_zero3_compiled": dict(FULL, padding="bucket", torch_compile=True, strategy="zero3"),
-    # Full fine-tuning of the 3B shape in a T4's 15 GB: parameters and optimizer states in CPU RAM, a larger
-    # micro-batch so each fetch of the weights over PCIe serves more samples.
-    "full_zero3_offload_15gb": dict(FULL, padding="bucket", torch_compile=True, strategy="zero3", batch_size=32,
-                                    offload_optimizer="cpu", offload_param="cpu", memory_budget_gb=15),
-    # The throughput mode: 24 rows of 512 tokens a step, filled before training with as many samples as fit (about
-    # 272 of the synthetic set's), whose attention skips the blocks where no sample meets another (flex; on the CPU,
-    # which has no flex backward, SDPA); 6,000 samples make 529 rows, 22 full batches: every step the bench times.
-    "throughput_compiled": dict(COMPILED, padding="filled", attention="flex", batch_size=24, num_samples=6000),
-}
+# The bench's variants and the fields they share (variants/bench.yaml, beside the other variant sets; a clone of the
+# repository has it, and -f names another).
+BENCH_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "variants", "bench.yaml")
 OFFLINE_MAX_BATCH = 16  # the offline set has 64 samples
 OFFLINE_ROWS = 5  # ... which fill 25 rows of 128 tokens: 5 full batches of filled rows
-GPU_BASE = dict(model="synthetic:llama-3.2-3b", dataset="synthetic", num_samples=1000)
 
 
-def bench_configs(offline: bool, untimed: int, steps: int, tracking_uri: str) -> dict[str, RunConfig]:
+def bench_variants(path: str = BENCH_FILE) -> tuple[dict, dict[str, dict]]:
+    """(the fields every bench variant shares on a GPU, {name: its own fields}) from the bench's variants file."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"the bench's variants file {path} is not here: it comes with dsnb's repository "
+                          "(variants/bench.yaml); run from a clone, or give -f")
+    return read_variants(path)
+
+
+def bench_configs(offline: bool, untimed: int, steps: int, tracking_uri: str, path: str = BENCH_FILE
+                  ) -> dict[str, RunConfig]:
     common = dict(untimed_steps=untimed, max_steps=untimed + steps, logging_steps=1, save_model=False, eval_samples=0,
                   experiment="dsnb_bench", tracking_uri=tracking_uri)
+    base, variants = bench_variants(path)
     cfgs = {}
-    for name, changes in VARIANTS.items():
+    for name, changes in variants.items():
         # Offline, on the CPU: fp32 (fp16 needs a GPU, bf16 is emulated) and the offline set's 64 samples.
         cpu = dict(dtype="fp32", num_samples=OFFLINE["num_samples"], memory_budget_gb=0, attention="sdpa",
                    batch_size=OFFLINE_ROWS if changes.get("padding") == "filled" else
                    min(changes.get("batch_size", RunConfig.batch_size), OFFLINE_MAX_BATCH))
-        cfgs[name] = RunConfig.layered({} if offline else GPU_BASE, common, changes, cpu if offline else {},
+        cfgs[name] = RunConfig.layered({} if offline else base, common, changes, cpu if offline else {},
                                        {"run_name": name}, offline=offline)
     return cfgs
 
@@ -104,9 +87,11 @@ def regressions(result: dict, baseline: dict, slack: float = 0.5, pair_seconds: 
 
 
 def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: int = 10, only: list[str] | None = None,
-              out_dir: str = "benchmarks/results", tracking_uri: str = "sqlite:///mlflow.db", gpus: int = 1) -> dict:
-    """Run every variant `repeats` times, interleaved, `gpus` at a time (each run on a GPU of its own)."""
-    cfgs = bench_configs(offline, untimed, steps, tracking_uri)
+              out_dir: str = "benchmarks/results", tracking_uri: str = "sqlite:///mlflow.db", gpus: int = 1,
+              path: str = BENCH_FILE) -> dict:
+    """Run every variant of the bench's file (or those in only) `repeats` times, interleaved, `gpus` at a time (each
+    run on a GPU of its own)."""
+    cfgs = bench_configs(offline, untimed, steps, tracking_uri, path)
     names = only or list(cfgs)
     device = preflight.pick_device()
     gpu = "cpu"

@@ -16,40 +16,14 @@ from __future__ import annotations
 import io
 import math
 import os
-from dataclasses import dataclass
 
 from .config import ConfigError, RunConfig, read_yaml
 from .launch import run_all
+from .metrics import RULES, STATES, Budget, fit
 from .preflight import check_output_folder
 from .tracking import RunResult, mlflow_client
 
 KEYS = {"models", "budgets_gb", "base", "variants", "skip"}
-STATES = ("fits", "tight", "no", "no RAM", "failed")
-RULES = """Against a budget of B GB a run:
-- fits where its NVML peak (all it took from the GPU: CUDA context and allocator cache included) is at most B;
-- no where its tensors alone (the allocator's peak) exceed B;
-- tight in between: it fits only if the caching allocator gives memory back. Settle it with
-  `python -m dsnb run ... --memory_budget_gb B`, which ends FAILED (failure=oom) if it does not fit;
-- no RAM where the budget names host RAM too (Colab's free tier: 12.7 GB) and the run's anonymous host memory
-  (offloaded optimizer states and weights included; runs that did not record it: its whole resident memory,
-  memory-mapped weight files included, so those cells err on the side of "no") exceeded it, whatever its GPU
-  needed;
-- failed where the run itself failed (see its MLflow run)."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A machine to fit: GPU memory, and host RAM where it is tight too (Colab's free tier: 15 GB and 12.7 GB)."""
-
-    gpu_gb: float
-    ram_gb: float = 0.0  # 0: not judged
-    name: str = ""
-
-    @property
-    def label(self) -> str:
-        return self.name or f"{self.gpu_gb:g} GB"
-
-
 def budgets_of(value, path: str) -> list[Budget]:
     """budgets_gb: a list of GPU sizes in GB, or {name, gpu_gb, ram_gb} mappings for a whole machine."""
     if not isinstance(value, list) or not value:
@@ -111,18 +85,6 @@ def cell_config(path: str, model: str, name: str, layers: list[dict], offline: b
         return RunConfig.layered(*layers, cell, offline=offline)
     except ConfigError as e:
         raise ConfigError(f"{path}: {model} {name}: {e}") from None
-
-
-def fit(status: str, metrics: dict, budget: Budget) -> str:
-    """fits | tight | no | no RAM | failed for one run against one budget (see RULES)."""
-    if status != "FINISHED":
-        return "failed"
-    host = metrics.get("peak_cpu_anon_mb", metrics.get("peak_cpu_rss_mb", 0))  # RSS where no anonymous peak was read
-    if budget.ram_gb and host > budget.ram_gb * 1024:
-        return "no RAM"
-    if metrics.get("peak_gpu_nvml_mb", 0) <= budget.gpu_gb * 1024:
-        return "fits"
-    return "no" if metrics.get("peak_gpu_allocated_mb", 0) > budget.gpu_gb * 1024 else "tight"
 
 
 def capacity_table(cells, results: list[RunResult], budgets: list[Budget]):

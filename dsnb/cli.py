@@ -19,7 +19,7 @@ import signal
 import sys
 
 from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, describe, field_docs,
-                     field_names, offline_requested, read_fields)
+                     field_names, offline_requested, read_variant)
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,10 +50,21 @@ def config_parser() -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
-    """Defaults < offline default < YAML file < flags (RunConfig.layered)."""
+    """Defaults < offline default < YAML file (one variant of it, where it names several: --variant) < flags
+    (RunConfig.layered)."""
     flags = {k: v for k, v in vars(args).items() if k in field_names() or k in RENAMED}
-    return RunConfig.layered(read_fields(args.file) if args.file else {}, flags,
+    if args.variant and not args.file:
+        raise ConfigError(f"--variant {args.variant} names a variant of a file: give the file with -f")
+    return RunConfig.layered(read_variant(args.file, args.variant) if args.file else {}, flags,
                              offline=args.offline or offline_requested())
+
+
+def variant_parser() -> argparse.ArgumentParser:
+    """--variant, for the commands that run one variant of a file (run, check, compare)."""
+    parser = Parser(add_help=False)
+    parser.add_argument("--variant", default="", help="the variant to run where -f names a file of several "
+                        "(variants/bench.yaml)")
+    return parser
 
 
 def flag_overrides(args: argparse.Namespace) -> dict:
@@ -69,13 +80,14 @@ def parser() -> argparse.ArgumentParser:
     # DeepSpeed's launcher passes --local_rank=N before the command (it also sets LOCAL_RANK, which dsnb reads).
     top.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
-    run = sub.add_parser("run", parents=[common], help="run one variant as one MLflow run")
+    one = variant_parser()
+    run = sub.add_parser("run", parents=[common, one], help="run one variant as one MLflow run")
     run.add_argument("--resume", action="store_true", help="continue the newest failed or killed run of this "
                      "name from its last checkpoint (needs checkpoint_steps), into the same MLflow run")
     run.add_argument("--verbose", action="store_true", help="print every metric at the end, not only the summary")
-    sub.add_parser("check", parents=[common], help="check a variant without training: its fields, this machine, "
+    sub.add_parser("check", parents=[common, one], help="check a variant without training: its fields, this machine, "
                    "its data (read and validated), and its GPU and host-RAM estimates")
-    sub.add_parser("compare", parents=[common], help="run the tutorial's pair and print the table")
+    sub.add_parser("compare", parents=[common, one], help="run the tutorial's pair and print the table")
     sub.add_parser("sweep", parents=[common], help="execute a notebook per variant of a sweep file (-f); "
                    "field flags override every variant")
     bench = sub.add_parser("bench", help="the tutorial's recipe vs dsnb's fast recipe, repeated; writes "
@@ -86,6 +98,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--gpus", type=count(1), default=1, help="variants run side by side, one per GPU")
     bench.add_argument("--steps", type=count(1), default=10, help="timed optimizer steps")
     bench.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    bench.add_argument("-f", "--file", default=None, help="the bench's variants file (default: variants/bench.yaml "
+                       "of dsnb's repository)")
     bench.add_argument("--out", default="bench_results", help="folder for <gpu>.json and .md (never overwritten)")
     bench.add_argument("--baseline", default="", help="a committed bench JSON: exit 1 where this run regressed "
                        "from it (speed-up to the tutorial's recipe halved, failed runs, a slow tutorial pair)")
@@ -253,17 +267,19 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import VARIANTS, markdown, run_bench
+    from .bench import BENCH_FILE, bench_variants, markdown, run_bench
     from .preflight import check_output_folder
 
+    path = args.file or BENCH_FILE
+    names = list(bench_variants(path)[1])
     only = [n for n in args.only.split(",") if n]
-    unknown = [n for n in only if n not in VARIANTS]
+    unknown = [n for n in only if n not in names]
     if unknown:
-        raise ConfigError(f"--only {unknown[0]} is not a bench variant; use {', '.join(VARIANTS)}")
+        raise ConfigError(f"--only {unknown[0]} is not a bench variant; use {', '.join(names)}")
     check_output_folder(args.out, "--out")
     baseline = read_baseline(args.baseline) if args.baseline else None  # before the run, which may write that file
     result = run_bench(args.offline or offline_requested(), args.repeats, args.untimed, args.steps, only or None,
-                       args.out, args.tracking_uri, args.gpus)
+                       args.out, args.tracking_uri, args.gpus, path)
     print(markdown(result))
     if baseline is not None:
         from .bench import regressions

@@ -535,6 +535,40 @@ def read_fields(path: str) -> dict:
     return values
 
 
+def read_variants(path: str) -> tuple[dict, dict[str, dict]]:
+    """A file of named variants (variants/bench.yaml): (base, {name: fields}), every name's fields checked; the
+    fields a variant runs with are base's, then its own."""
+    spec = read_yaml(path)
+    unknown = sorted(set(spec) - {"base", "variants"}, key=str)
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]} is not a key of a variants file; use base and variants")
+    base, variants = spec.get("base") or {}, spec.get("variants")
+    if not isinstance(base, dict) or not isinstance(variants, dict) or not variants or not all(
+            isinstance(name, str) and isinstance(fields or {}, dict) for name, fields in variants.items()):
+        raise ConfigError(f"{path}: needs base (field: value) and variants (name: fields), with one variant at least")
+    variants = {name: fields or {} for name, fields in variants.items()}
+    for name, fields in [("base", base), *variants.items()]:
+        try:
+            check_names(fields)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {name}: {e}") from None
+    return base, variants
+
+
+def read_variant(path: str, name: str | None) -> dict:
+    """The fields of one variant of a file: a plain file of fields as it is (no name given), or a variants file's
+    base and the variant `name`."""
+    if "variants" not in read_yaml(path):
+        if name:
+            raise ConfigError(f"--variant {name}: {path} holds one variant's fields, not named variants")
+        return read_fields(path)
+    base, variants = read_variants(path)
+    if name not in variants:
+        raise ConfigError(f"{path} holds several variants: pick one with --variant ({', '.join(variants)})"
+                          if not name else f"--variant {name} is not in {path}; use {', '.join(variants)}")
+    return {**base, **variants[name]}
+
+
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(RunConfig)]
 

@@ -16,6 +16,7 @@ import os
 import resource
 import threading
 import time
+from dataclasses import dataclass
 
 MB = 2**20
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from the vendors' datasheets, FLOP/s.
@@ -291,3 +292,43 @@ def sum_over_ranks(values: list) -> list:
         total = total.cuda()
     dist.all_reduce(total)
     return [int(v) if isinstance(x, int) else v for v, x in zip(total.tolist(), values, strict=True)]
+
+
+# The one rule for whether a measured run fits a budget (the capacity map's cells, report.best_for_budget).
+STATES = ("fits", "tight", "no", "no RAM", "failed")
+RULES = """Against a budget of B GB a run:
+- fits where its NVML peak (all it took from the GPU: CUDA context and allocator cache included) is at most B;
+- no where its tensors alone (the allocator's peak) exceed B;
+- tight in between: it fits only if the caching allocator gives memory back. Settle it with
+  `python -m dsnb run ... --memory_budget_gb B`, which ends FAILED (failure=oom) if it does not fit;
+- no RAM where the budget names host RAM too (Colab's free tier: 12.7 GB) and the run's anonymous host memory
+  (offloaded optimizer states and weights included; runs that did not record it: its whole resident memory,
+  memory-mapped weight files included, so those cells err on the side of "no") exceeded it, whatever its GPU
+  needed;
+- failed where the run itself failed (see its MLflow run)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A machine to fit: GPU memory, and host RAM where it is tight too (Colab's free tier: 15 GB and 12.7 GB)."""
+
+    gpu_gb: float
+    ram_gb: float = 0.0  # 0: not judged
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.gpu_gb:g} GB"
+
+
+def fit(status: str, metrics: dict, budget: Budget) -> str:
+    """fits | tight | no | no RAM | failed for one run against one budget (see RULES)."""
+    if status != "FINISHED":
+        return "failed"
+    host = metrics.get("peak_cpu_anon_mb", metrics.get("peak_cpu_rss_mb", 0))  # RSS where no anonymous peak was read
+    if budget.ram_gb and host > budget.ram_gb * 1024:
+        return "no RAM"
+    taken = metrics.get("peak_gpu_nvml_mb") or metrics.get("peak_gpu_allocated_mb", 0)  # NVML where it was read
+    if taken <= budget.gpu_gb * 1024:
+        return "fits"
+    return "no" if metrics.get("peak_gpu_allocated_mb", 0) > budget.gpu_gb * 1024 else "tight"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 
+from .metrics import Budget, fit
 from .tracking import RunResult, existing_store, mlflow_client, search
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
@@ -470,11 +471,12 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
 
 
 def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
-    """The fastest finished run whose peak GPU memory (NVML, context included) fits the budget."""
-    loaded, fits = load_runs(runs), []
+    """The fastest run that fits the budget, by the capacity map's rule (metrics.RULES: its NVML peak, context
+    included, at most the budget)."""
+    loaded, fits, budget = load_runs(runs), [], Budget(memory_budget_gb)
     for name, run in zip(_names(loaded), loaded, strict=True):
         peak = run.data.metrics.get("peak_gpu_nvml_mb") or run.data.metrics.get("peak_gpu_allocated_mb", 0)
-        if run.info.status == "FINISHED" and peak / 1024 <= memory_budget_gb:
+        if fit(run.info.status, run.data.metrics, budget) == "fits":
             fits.append((run.data.metrics.get("samples_per_second", 0), name, peak))
     if not fits:
         return f"No finished run fits in {memory_budget_gb:g} GB."

@@ -50,7 +50,7 @@ DS_STEP_LAYER = 0.0005  # s per layer of DeepSpeed's own compiled ZeRO-1/2 step 
 ZERO3_LAYER = 0.025  # s per layer of a micro-batch: ZeRO-3's fetch and release hooks (deepcompile.jsonl: zero3 0.91 s
 #                      on 28 layers compiled; scale_8b.jsonl: zero3_1gpu 1.01 s on 32 layers under the Trainer)
 PARAM_OFFLOAD_S_GB = 0.06  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (both passes
-#                            over PCIe; capacity.jsonl: lora_zero3_offload, 0.77 / 1.33 / 2.09 s for 1B / 3B / 8B)
+#                            over PCIe; capacity, big.jsonl: lora_zero3_offload, 0.77 / 1.33 / 2.09 s, 1B / 3B / 8B)
 OFFLOAD = {"H200": 0.25, "T4": 0.41}  # s a step that optimizer offload adds whatever is trained (colab.jsonl: the
 #                                       LoRA pair, With_DeepSpeed against Without; the tutorial's T4 pair)
 OFFLOAD_S_PER_B = 0.30  # s per billion trained weights of CPU Adam and the copies to and from the host (capacity.jsonl:

@@ -62,6 +62,7 @@ class Plan:
     recall_rows: list  # trained questions asked again (closed-book prompts)
     cuts: tuple  # (passages max_length cuts, of them those that lose their answer), training and held-out
     lengths: list  # each training sample's real tokens (after max_length)
+    world: int = 1  # the processes training together
 
 
 def plan(cfg: RunConfig, world: int = 1) -> Plan:
@@ -94,7 +95,7 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
     preflight.check_host_ram(cfg, world, device, estimate)  # now with the data's activations, before any weight loads
     return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, samples), len(samples),
                 recall_rows, passage_cuts(cfg, tokenizer, rows + eval_rows),
-                [sum(m) for m in samples["attention_mask"]])
+                [sum(m) for m in samples["attention_mask"]], world)
 
 
 def describe_plan(cfg: RunConfig, p: Plan) -> str:
@@ -119,7 +120,7 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     if p.cuts[0]:
         lines.append(f"note: max_length {cfg.max_length} cuts the end of {p.cuts[0]} passages (training and held-out), "
                      f"{p.cuts[1]} of them before their answer; raise max_length to keep them whole")
-    lines += time_lines(cfg, p)
+    lines += time_lines(cfg, p, p.world)
     if cfg.max_steps and cfg.untimed_steps >= cfg.max_steps:
         lines.append(f"note: untimed_steps {cfg.untimed_steps} leaves none of the {cfg.max_steps} steps timed, so the "
                      "throughput covers every step, start-up included (throughput_includes_startup 1); raise max_steps")

@@ -1,8 +1,9 @@
 """The capacity map on the CPU: real runs of synthetic:tiny, judged against budgets, table and picture."""
 import pytest
 
-from dsnb.capacity import Budget, capacity_table, fastest_fitting, fit, load_capacity, run_capacity
+from dsnb.capacity import capacity_table, fastest_fitting, load_capacity, run_capacity
 from dsnb.config import ConfigError, RunConfig
+from dsnb.metrics import Budget, fit
 from dsnb.tracking import RunResult
 
 SPEC = """# python -m dsnb capacity -f capacity.yaml --offline

@@ -59,23 +59,6 @@ def test_one_process_gets_one_gpu():
     assert gpu_ids(None, 1) == ["0"] and gpu_ids("3,5", 1) == ["3"] and gpu_ids(" 2, 7 ", 2) == ["2", "7"]
 
 
-def test_bench_regressions_are_named():
-    from dsnb.bench import regressions
-
-    def result(ratio, finished=3, pair=(30, 40)):
-        rows = [{"name": "tutorial", "ratio_to_tutorial": 1.0, "finished": 3, "repeats": 3, "wall_seconds": pair[0]},
-                {"name": "tutorial_zero2_offload", "ratio_to_tutorial": 0.9, "finished": 3, "repeats": 3,
-                 "wall_seconds": pair[1]},
-                {"name": "fast", "ratio_to_tutorial": ratio, "finished": finished, "repeats": 3, "wall_seconds": 9}]
-        return {"variants": rows}
-
-    committed = result(2.6)
-    assert regressions(result(2.0), committed) == []
-    assert regressions(result(1.2), committed) == ["fast: 1.20x the tutorial's recipe, committed 2.60x"]
-    assert regressions(result(2.6, finished=2), committed) == ["fast: 2/3 runs finished"]
-    assert "tutorial pair took 400 s" in regressions(result(2.6, pair=(200, 200)), committed)[0]
-
-
 def test_bf16_is_refused_below_compute_capability_8(monkeypatch):
     """A T4 (7.5) emulates bf16 slowly while is_bf16_supported() says True: dsnb asks for fp16 instead. No T4 here,
     so torch's answers about the GPU are those a T4 gives; the check itself is dsnb's real one."""

@@ -102,3 +102,17 @@ def test_a_busy_machine_is_measured_during_the_timed_steps():
     spinner_cores = spun / 2.0
     assert spinner_cores > 0.3 and busy["host_other_cores"] >= 0.9 * spinner_cores - 0.05, (spinner_cores, busy)
     assert json.dumps(busy)  # plain numbers, loggable as metrics
+
+
+def test_the_best_run_for_a_budget_follows_the_capacity_maps_rule(workdir):
+    """best_for_budget and the capacity map judge alike: a run whose tensors fit but whose NVML peak does not is
+    "tight", never the pick; a failed run never is."""
+    from dsnb.report import best_for_budget
+
+    fast_tight = logged(workdir, "fast_tight", {"samples_per_second": 9.0, "peak_gpu_allocated_mb": 14_000.0,
+                                                "peak_gpu_nvml_mb": 16_000.0})
+    slow_fits = logged(workdir, "slow_fits", {"samples_per_second": 3.0, "peak_gpu_allocated_mb": 9_000.0,
+                                              "peak_gpu_nvml_mb": 10_000.0})
+    assert best_for_budget([fast_tight, slow_fits], 15).startswith("Fastest within 15 GB: slow_fits (3 samples/s")
+    assert best_for_budget([fast_tight, slow_fits], 16).startswith("Fastest within 16 GB: fast_tight")
+    assert best_for_budget([fast_tight], 9) == "No finished run fits in 9 GB."

@@ -52,7 +52,7 @@ def test_tutorial_8bit_lora_zero2_offload_runs_on_cpu(workdir):
 
 def test_fast_recipe_keeps_the_math(tmp_path):
     """Per-batch padding and one micro-batch of 8 train exactly what padding to max_length and 2 x 4 do."""
-    from dsnb.bench import FAST
+    from dsnb.bench import bench_variants
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # One step's worth of samples (8), so every step sees the same ones and the loss must fall as LoRA learns.
@@ -60,7 +60,7 @@ def test_fast_recipe_keeps_the_math(tmp_path):
                   eval_samples=0, lora_dropout=0.0, save_model=False,
                   tracking_uri=uri)  # no dropout: masks differ by batch layout
     plain = RunConfig(**common, run_name="plain")
-    fast = RunConfig(**{**common, **FAST, "dtype": "fp32"}, run_name="fast")
+    fast = RunConfig(**{**common, **bench_variants()[1]["fast"], "dtype": "fp32"}, run_name="fast")
     assert (fast.padding, fast.batch_size * fast.grad_accum) == ("longest", plain.batch_size * plain.grad_accum)
     results = run_all([plain, fast], progress=False)
     assert [r.status for r in results] == ["FINISHED", "FINISHED"]

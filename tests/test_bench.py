@@ -1,0 +1,65 @@
+"""The bench: its variants as a YAML file like the other variant sets, one of them run alone, and regressions named."""
+import pytest
+
+from dsnb.bench import BENCH_FILE, bench_configs, bench_variants
+from dsnb.cli import build_config, parser
+from dsnb.config import ConfigError
+
+
+def test_the_bench_variants_file_holds_the_recipes_it_names():
+    base, variants = bench_variants()
+    assert base == {"model": "synthetic:llama-3.2-3b", "dataset": "synthetic", "num_samples": 1000}
+    assert list(variants)[:3] == ["tutorial", "tutorial_zero2_offload", "fast"] and variants["tutorial"] == {}
+    gpu, cpu = bench_configs(False, 3, 10, "sqlite:///x.db"), bench_configs(True, 3, 10, "sqlite:///x.db")
+    fast = gpu["fast"]
+    assert (fast.quantization, fast.dtype, fast.padding, fast.batch_size * fast.grad_accum) == ("none", "bf16",
+                                                                                                  "longest", 8)
+    assert gpu["tutorial"].batch_size * gpu["tutorial"].grad_accum == 8  # the same effective batch as the tutorial
+    assert (gpu["fast"].untimed_steps, gpu["fast"].max_steps) == (3, 13)
+    assert cpu["throughput_compiled"].dtype == "fp32" and cpu["throughput_compiled"].attention == "sdpa"
+
+
+def test_one_variant_of_a_file_runs_alone_with_flags_on_top():
+    def config(*argv):
+        return build_config(parser().parse_args(["check", *argv]))
+
+    cfg = config("-f", BENCH_FILE, "--variant", "full_zero3_offload_15gb", "--max_steps", "4")
+    assert (cfg.model, cfg.lora_r, cfg.strategy, cfg.offload_param, cfg.batch_size, cfg.max_steps) == (
+        "synthetic:llama-3.2-3b", 0, "zero3", "cpu", 32, 4)
+    with pytest.raises(ConfigError, match="holds several variants: pick one with --variant \\(tutorial, "):
+        config("-f", BENCH_FILE)
+    with pytest.raises(ConfigError, match="--variant fastest is not in .*bench.yaml; use tutorial, "):
+        config("-f", BENCH_FILE, "--variant", "fastest")
+    with pytest.raises(ConfigError, match="give the file with -f"):
+        config("--variant", "fast")
+
+
+def test_a_variants_file_with_a_wrong_shape_is_named(tmp_path):
+    bad = {"extra.yaml": ("base: {}\nvariants: {a: {}}\nnotes: x\n", "notes is not a key of a variants file"),
+           "field.yaml": ("variants: {a: {learning_rat: 1}}\n", "a: learning_rat is not a run-config field"),
+           "empty.yaml": ("variants: {}\n", "needs base .* and variants"),
+           "plain.yaml": ("strategy: zero2\n", "holds one variant's fields, not named variants")}
+    for name, (text, message) in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            bench_variants(str(tmp_path / name)) if name != "plain.yaml" else build_config(
+                parser().parse_args(["check", "-f", str(tmp_path / name), "--variant", "a"]))
+    with pytest.raises(ConfigError, match="comes with dsnb's repository"):
+        bench_variants(str(tmp_path / "missing.yaml"))
+
+
+def test_bench_regressions_are_named():
+    from dsnb.bench import regressions
+
+    def result(ratio, finished=3, pair=(30, 40)):
+        rows = [{"name": "tutorial", "ratio_to_tutorial": 1.0, "finished": 3, "repeats": 3, "wall_seconds": pair[0]},
+                {"name": "tutorial_zero2_offload", "ratio_to_tutorial": 0.9, "finished": 3, "repeats": 3,
+                 "wall_seconds": pair[1]},
+                {"name": "fast", "ratio_to_tutorial": ratio, "finished": finished, "repeats": 3, "wall_seconds": 9}]
+        return {"variants": rows}
+
+    committed = result(2.6)
+    assert regressions(result(2.0), committed) == []
+    assert regressions(result(1.2), committed) == ["fast: 1.20x the tutorial's recipe, committed 2.60x"]
+    assert regressions(result(2.6, finished=2), committed) == ["fast: 2/3 runs finished"]
+    assert "tutorial pair took 400 s" in regressions(result(2.6, pair=(200, 200)), committed)[0]
