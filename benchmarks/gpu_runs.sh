@@ -2,13 +2,14 @@
 # The GPU evidence in benchmarks/results/, one stage per GPU-machine call (each well under 10 minutes).
 #   OUT=out bash benchmarks/gpu_runs.sh bench        # dsnb bench, variants side by side on every GPU
 #   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone from cold compile caches, with a
-#                                                    # profiled step (REPEATS=2 HINTS=0 ROWS=32: 2 repeats, no
-#                                                    # perf-hints run, 32 rows a step)
+#                                                    # profiled step (REPEATS=2 HINTS=0 PROFILE=0 ROWS=32: 2
+#                                                    # repeats, no perf-hints or profiled run, 32 rows a step)
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
 #   OUT=out bash benchmarks/gpu_runs.sh big          # 8B LoRA + ZeRO-3 offload: under 15 GB, and its map cell
 #   OUT=out bash benchmarks/gpu_runs.sh nvme         # ZeRO-3 with parameters and optimizer on disk
+#   OUT=out bash benchmarks/gpu_runs.sh notebook01   # notebook 01 under colab_t4 to its last cell, saved models reloaded
 #   OUT=out bash benchmarks/gpu_runs.sh colab        # notebook 01 under the colab_t4 preset (GPU 0) beside the T4
 #                                                    # fast recipe in fp16 and compiled DeepSpeed variants (GPU 1)
 #   OUT=out bash benchmarks/gpu_runs.sh speed        # the bench's compiled ZeRO and full fine-tuning variants
@@ -66,8 +67,9 @@ throughput)  # the throughput mode alone, each repeat a fresh process with a col
       --run_name "throughput_compiled_rows${ROWS:-24}_cold$rep" > "$OUT/throughput_cold$rep.log" 2>&1
     echo "cold repeat $rep exit $?: $(grep -E '^  speed' "$OUT/throughput_cold$rep.log")"
   done
-  timeout 200 python3 -m dsnb run $(bench_flags throughput_compiled 8 2) --batch_size "${ROWS:-24}" \
-    --profile "$OUT/profile_throughput_compiled.txt" --tracking_uri "$DB" --run_name profiled > "$OUT/profiled.log" 2>&1
+  [ "${PROFILE:-1}" = 0 ] || timeout 200 python3 -m dsnb run $(bench_flags throughput_compiled 8 2) \
+    --batch_size "${ROWS:-24}" --profile "$OUT/profile_throughput_compiled.txt" --tracking_uri "$DB" \
+    --run_name profiled > "$OUT/profiled.log" 2>&1
   [ "${HINTS:-1}" = 1 ] || { dump throughput; continue; }  # HINTS=0: no perf-hints run
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
   TORCH_LOGS=perf_hints timeout 200 python3 -m dsnb run $(bench_flags throughput_compiled 4 2) \
@@ -123,6 +125,20 @@ nvme)  # ZeRO-Infinity: parameters and optimizer states on disk. libaio travels 
     --run_name full_zero3_nvme_1b > "$OUT/nvme.log" 2>&1
   echo "nvme exit $?"
   dump nvme
+  ;;
+notebook01)  # notebook 01 as a Colab T4 user runs it (the colab_t4 preset, the synthetic 3B shape, 20 steps a variant, once
+  # each), to its last cell; then each saved model reloaded against its run's own probe (8-bit base included)
+  prebuild synthetic:llama-3.2-3b
+  python3 -m ipykernel install --user --name python3 > /dev/null 2>&1
+  mkdir -p /tmp/nb01 && started=$SECONDS
+  timeout "${LIMIT:-300}" python3 -m papermill notebooks/01_deepspeed_vs_baseline.ipynb "$OUT/notebook01_t4.ipynb" \
+    -k python3 --cwd /tmp/nb01 -p preset colab_t4 -p model synthetic:llama-3.2-3b -p dataset synthetic \
+    -p max_steps 20 -p repeats 1 -p eval_samples 16 > "$OUT/notebook01_t4.log" 2>&1
+  echo "papermill exit $? in $((SECONDS - started)) s"
+  (cd /tmp/nb01 && timeout 90 python3 "$OLDPWD/benchmarks/reload_parity.py" sqlite:////tmp/nb01/mlflow.db \
+    adapter-* 2>/dev/null | tee "$OUT/reload_parity.jsonl")
+  cp /tmp/nb01/adapter-*/README.md "$OUT/model_card_3b.md" 2>/dev/null
+  DB=sqlite:////tmp/nb01/mlflow.db dump notebook01
   ;;
 colab)  # what a Colab T4 user runs, on an H200 under the T4 preset (fp16, 15 GB cap, 12.7 GB RAM check): it is no T4
   prebuild synthetic:llama-3.2-3b
