@@ -4,8 +4,9 @@ optimizer step against each run's steady-state step, and its whole-run seconds a
     python benchmarks/time_vs_measured.py > benchmarks/results/time_vs_measured_h200.md
 
 Each run's config is rebuilt from where it was made: benchmarks/gpu_runs.sh's stages, dsnb.bench's variants,
-variants/*.yaml and the results files' own descriptions. Every listed run predates the passage prompt (2026-12-02),
-so the data's lengths are the closed-book prompt's ("eos"). A run that cannot be rebuilt is listed with the reason.
+variants/*.yaml and the results files' own descriptions. The listed runs before the passage prompt (2026-12-02) take
+the closed-book prompt's lengths ("eos"), those of PASSAGE_ERA the passage's. A run that cannot be rebuilt is listed
+with the reason.
 """
 import functools
 import json
@@ -59,6 +60,9 @@ ROWS += [
     ("Without_DeepSpeed", "colab.jsonl", None, NB01),
     ("With_DeepSpeed", "colab.jsonl", None, NB01.replace(strategy="zero2", offload_optimizer="cpu")),
     ("quality", "colab.jsonl", None, RunConfig.layered({"preset": "quality", "max_steps": 600})),  # 600 steps then
+    # gpu_runs.sh notebook01 (2026-12-02): notebook 01 under colab_t4 on the passage prompt, 20 steps, 16 questions
+    ("Without_DeepSpeed", "notebook01.jsonl", None, RunConfig.layered(dict(B3, preset="colab_t4", max_steps=20,
+                                                                           eval_samples=16))),
     ("throughput_compiled", "throughput.jsonl", None, BENCH["throughput_compiled"]),
     ("base", "throughput_levers.jsonl", None, bench("throughput_compiled", attention="sdpa", **PACKED)),
     ("flex", "throughput_levers.jsonl", None, bench("throughput_compiled", **PACKED)),
@@ -124,6 +128,7 @@ IN_SAMPLE = {
     ("h200_runs/nvme_attempts.md", "full_zero3_nvme_1b"),  # NVME_S_PER_B
     ("multi_gpu.jsonl", "llama-3.2-3b zero1_2gpu"), ("multi_gpu.jsonl", "llama-3.2-3b zero2_2gpu"),  # LINK_GB_S
 }
+PASSAGE_ERA = {"notebook01.jsonl"}  # listings trained on the passage prompt (dsnb's default since 2026-12-02)
 LENGTHS_CAP = 1000  # a larger set's first 1,000 samples stand for it (the same generator: a prefix of the same lengths)
 CONFIG = functools.cache(model_config)
 
@@ -134,17 +139,17 @@ def listing(name: str) -> list[dict]:
 
 
 @functools.cache
-def lengths(num_samples: int, max_length: int) -> list[int]:
-    """Each training sample's real tokens, as dsnb's plan counts them (the prompt every listed run trained on); at
+def lengths(num_samples: int, max_length: int, prompt: str) -> list[int]:
+    """Each training sample's real tokens, as dsnb's plan counts them (in the prompt the listed run trained on); at
     most LENGTHS_CAP of them."""
-    cfg = RunConfig(**B3, num_samples=min(num_samples, LENGTHS_CAP), max_length=max_length, prompt="eos")
+    cfg = RunConfig(**B3, num_samples=min(num_samples, LENGTHS_CAP), max_length=max_length, prompt=prompt)
     tokenizer = load_tokenizer(RunConfig(model="synthetic:tiny", dataset="synthetic"))  # every synthetic shape's
     return [sum(m) for m in build_dataset(cfg, tokenizer)["attention_mask"]]
 
 
-def estimate(cfg: RunConfig) -> dict:
+def estimate(cfg: RunConfig, prompt: str = "eos") -> dict:
     config = CONFIG(cfg.model)
-    return time_estimate(cfg.replace(prompt="eos"), lengths(cfg.num_samples, cfg.max_length), config,
+    return time_estimate(cfg.replace(prompt=prompt), lengths(cfg.num_samples, cfg.max_length, prompt), config,
                          trainable_params(cfg, config), cfg.num_gpus, "H200", samples=cfg.num_samples)
 
 
@@ -169,7 +174,8 @@ def compare() -> tuple[list[dict], dict]:
         if step is None:
             continue
         covered |= {(source, run) for run in runs}
-        rows.append(dict(variant=variant, source=source, gpus=cfg.num_gpus, estimate=estimate(cfg), step=step,
+        prompt = "passage" if source in PASSAGE_ERA else "eos"
+        rows.append(dict(variant=variant, source=source, gpus=cfg.num_gpus, estimate=estimate(cfg, prompt), step=step,
                          wall=wall, in_sample=(source, variant) in IN_SAMPLE, path=path(cfg),
                          compiled=cfg.torch_compile))
     skipped = {}
