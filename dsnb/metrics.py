@@ -263,8 +263,8 @@ class StepTimer:
         throughput_includes_startup says so (1)."""
         if len(self.marks) < 2:
             return {}
-        first = next((m for m in self.marks if m[1] >= self.timed_from), self.marks[0])
-        startup = first is self.marks[-1]
+        first = next((m for m in self.marks if m[1] >= self.timed_from), None)
+        startup = first is None or first is self.marks[-1]  # no step, or only the last, after the untimed ones
         if startup:
             first = self.marks[0]
         (t0, s0, b0), (t1, s1, b1) = first, self.marks[-1]

@@ -130,6 +130,11 @@ def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
                           f"{type(config).__name__}")
     check_batch_sizes(config, cfg, world_size)
     check_precision(config, cfg)
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", "auto") if isinstance(zero, dict) else "auto"
+    if stage != "auto" and stage != cfg.zero_stage:
+        raise ConfigError(f"ds_config {path}: zero_optimization.stage is {stage!r} but strategy is {cfg.strategy}; "
+                          f"set the stage to {cfg.zero_stage} or \"auto\", or change strategy")
     return config
 
 

@@ -160,6 +160,9 @@ def test_a_deepspeed_config_whose_precision_contradicts_the_run_is_named(here, w
     (workdir / "ds.json").write_text(json.dumps({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}))
     code, err = here("check", "--offline", "--strategy", "zero2", "--ds_config_path", "ds.json")
     assert code == 2 and "fp16.enabled is True but the run's dtype is fp32" in err
+    (workdir / "ds3.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))  # the stage contradicts it too
+    code, err = here("check", "--offline", "--strategy", "zero2", "--ds_config_path", "ds3.json")
+    assert code == 2 and "zero_optimization.stage is 3 but strategy is zero2" in err
 
 
 @pytest.mark.parametrize("text, message", [

@@ -116,3 +116,22 @@ def test_the_best_run_for_a_budget_follows_the_capacity_maps_rule(workdir):
     assert best_for_budget([fast_tight, slow_fits], 15).startswith("Fastest within 15 GB: slow_fits (3 samples/s")
     assert best_for_budget([fast_tight, slow_fits], 16).startswith("Fastest within 16 GB: fast_tight")
     assert best_for_budget([fast_tight], 9) == "No finished run fits in 9 GB."
+
+
+def test_untimed_steps_beyond_the_run_say_the_throughput_includes_start_up():
+    """A run whose untimed steps reach past its last step has no steady state: its throughput covers every step, and
+    throughput_includes_startup says so, whether the untimed steps end at the last step or beyond it."""
+    from dsnb.data import BatchLog
+    from dsnb.metrics import StepTimer
+
+    for untimed, startup in ((1, 0.0), (2, 1.0), (5, 1.0)):
+        batches = BatchLog(lambda features: features)
+        timer = StepTimer("cpu", untimed, batches)
+        for step in range(3):
+            if step:
+                batches([{"input_ids": [1, 2], "attention_mask": [1, 1]}])
+                timer.consume()
+            timer.mark(step)
+        figures = timer.throughput(gather=False)
+        assert figures["throughput_includes_startup"] == startup, (untimed, figures)
+        assert figures["timed_steps"] == (1 if untimed == 1 else 2)
