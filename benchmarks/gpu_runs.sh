@@ -19,7 +19,9 @@
 #   OUT=out bash benchmarks/gpu_runs.sh zero2knobs   # compiled LoRA ZeRO-2 with DeepSpeed's per-step checks turned off
 #   ONLY=a,b OUT=out bash benchmarks/gpu_runs.sh scale8b  # 8B full fine-tuning on 1 and 2 GPUs (variants/scale_8b.yaml;
 #                                                    # ONLY picks its cells: all of them take longer than one call;
-#                                                    # BATCH=16 another micro-batch per GPU)
+#                                                    # BATCH=16 another micro-batch per GPU; PHASES=1 DeepSpeed's
+#                                                    # per-phase timers, to explain a scaling above 100%)
+#   OUT=out bash benchmarks/gpu_runs.sh scale4       # 8B full fine-tuning on 1, 2 and 4 GPUs, ZeRO-2/3, phase timers
 #   OUT=out bash benchmarks/gpu_runs.sh zerographs   # compiled LoRA: no DeepSpeed, ZeRO-2 with DeepSpeed's host syncs on
 #                                                    # and off, ZeRO-1 without gradient hooks (VARIANTS: some of them)
 #   OUT=out bash benchmarks/gpu_runs.sh graphscheck  # compiled steps with CUDA graphs and without at grad_accum 2
@@ -220,9 +222,17 @@ scale8b)  # full fine-tuning of the 8B shape, ZeRO-2 and ZeRO-3, optimizer offlo
   free -g | head -2
   timeout "${LIMIT:-480}" python3 -m dsnb capacity -f variants/scale_8b.yaml --out "$OUT/scale_8b${BATCH:+_b$BATCH}" \
     ${ONLY:+--only "$ONLY"} ${BATCH:+--batch_size "$BATCH" --experiment "dsnb_scale_8b_b$BATCH"} --tracking_uri "$DB" \
-    > "$OUT/scale_8b${BATCH:+_b$BATCH}.log" 2>&1
+    ${PHASES:+--phase_times true} > "$OUT/scale_8b${BATCH:+_b$BATCH}.log" 2>&1
   echo "capacity exit $?"
   dump "scale8b${BATCH:+_b$BATCH}"
+  ;;
+scale4)  # 8B full fine-tuning on 1, 2 and 4 GPUs, ZeRO-2 and ZeRO-3, a micro-batch of 8 per GPU, with DeepSpeed's phase
+  # timers (variants/scale_8b_4gpu.yaml; needs nvidia-h200-x4): efficiency and per-GPU memory, and where each step goes
+  prebuild synthetic:llama-3.1-8b
+  timeout "${LIMIT:-540}" python3 -m dsnb capacity -f variants/scale_8b_4gpu.yaml --phase_times true \
+    ${ONLY:+--only "$ONLY"} --out "$OUT/scale_8b_4gpu" --tracking_uri "$DB" > "$OUT/scale_8b_4gpu.log" 2>&1
+  echo "capacity exit $?"
+  dump scale4
   ;;
 zerographs)  # compiled LoRA at batch 8 under ZeRO-2 and ZeRO-1 (no hooks) replayed as CUDA graphs, beside the plain
   # compiled step; ZeRO-2 with DeepSpeed's per-step host syncs (bf16 overflow check, overlap_comm) on, as dsnb built it

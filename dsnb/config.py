@@ -55,7 +55,7 @@ SEED_MAX = 2**32 - 1  # numpy's seed range, which transformers' set_seed goes th
 # The fields that do not change what is trained or asked: how it is run (DeepSpeed, compiling, attention kernels),
 # measured, kept and named. Every other field sets the work, and same_work compares it (a new field does, by default).
 NOT_WORK = ("preset", "strategy", "offload_optimizer", "offload_param", "nvme_path", "ds_config_path", "torch_compile",
-            "cuda_graphs", "zero_flat_step", "deepcompile", "loss_scale", "attention", "logging_steps",
+            "cuda_graphs", "zero_flat_step", "deepcompile", "loss_scale", "attention", "logging_steps", "phase_times",
             "checkpoint_steps", "checkpoint_minutes", "untimed_steps", "profile", "memory_budget_gb", "ram_budget_gb",
             "host_ram_check", "repeats", "results_folder", "tracking_uri", "experiment", "run_name", "save_model",
             "output_dir")
@@ -189,6 +189,11 @@ class RunConfig:
     profile: str = ""
     """A file the compiled loop writes its last untimed step's profile to (top kernels, host against GPU time), logged
     with the run; empty for none. Needs torch_compile true."""
+    phase_times: bool = False
+    """Time each optimizer step's phases with DeepSpeed's own timers (forward, backward, its gradient reduction, the
+    optimizer step, offload included), logged as medians over the timed steps (phase_*_ms): where a multi-GPU run's
+    time goes. They synchronize the device at each phase, so they cost a little speed: off unless asked. Needs a zero
+    strategy."""
     memory_budget_gb: float = 0.0
     """Cap on this run's GPU memory in GB (15 for a T4, 22 for an L4); 0 means the whole GPU."""
     ram_budget_gb: float = 0.0
@@ -283,8 +288,11 @@ class RunConfig:
                                  "q_proj,v_proj, or all-linear")
         for name in ("run_name", "experiment"):
             value = getattr(self, name)
-            if len(value) > 250 or any(not c.isprintable() for c in value):
-                fail(name, f"must be at most 250 printable characters (MLflow's limit; it has {len(value)})")
+            if len(value) > 250:
+                fail(name, f"must be at most 250 characters (MLflow's limit; it has {len(value)})")
+            odd = next((c for c in value if not c.isprintable()), None)
+            if odd is not None:
+                fail(name, f"holds a character that cannot be printed ({odd!r}); use printable characters only")
 
     def _check_combination(self):
         """Reject what DeepSpeed cannot do, or silently does differently, before any model loads."""
@@ -306,7 +314,7 @@ class RunConfig:
             fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
         if self.torch_compile:
             self._check_compile()
-        self._check_compiled_only()
+        self._check_switches()
         if self.attention == "flex":
             self._check_flex()
         if self.quantization != "none" and self.lora_r == 0:
@@ -321,8 +329,9 @@ class RunConfig:
             fail("attention", "flex has been measured without DeepSpeed only; set strategy baseline or attention "
                               "sdpa")
 
-    def _check_compiled_only(self):
-        """The switches of dsnb's compiled loop, each set away from its default only where it applies."""
+    def _check_switches(self):
+        """The switches of dsnb's compiled loop and DeepSpeed's timers, each set away from its default only where it
+        applies."""
         stage = self.zero_stage
         for name, applies, needs in (
                 ("cuda_graphs", self.torch_compile, "torch_compile true"),
@@ -330,7 +339,9 @@ class RunConfig:
                                                                            "zero2"),
                 ("deepcompile", self.torch_compile and stage is not None, "torch_compile true and a zero strategy"),
                 ("loss_scale", self.torch_compile and stage is None, "torch_compile true and strategy baseline"),
-                ("profile", self.torch_compile, "torch_compile true")):
+                ("profile", self.torch_compile, "torch_compile true"),
+                ("phase_times", stage is not None, "a zero strategy (DeepSpeed's timers; zero0 is DeepSpeed without "
+                                                   "partitioning)")):
             if getattr(self, name) != RunConfig.__dataclass_fields__[name].default and not applies:
                 fail(name, f"is {getattr(self, name)!r} but applies only with {needs}; change those or leave {name} "
                            "at its default")

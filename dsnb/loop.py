@@ -80,7 +80,9 @@ def train_compiled(trainer, cfg, timer, on_step, on_log, begin) -> dict:
                 pending.append((step, window / (step - last_logged), grad_norm, lr))
                 window = torch.zeros((), device=device)
                 last_logged = step
-            if step in (timer.untimed_steps, max_steps):  # before the logs, as the Trainer's step ends before its log
+            # Before the logs, as the Trainer's step ends before its log; every step where DeepSpeed's phase timers
+            # are read (they synchronize anyway).
+            if step in (timer.untimed_steps, max_steps) or timer.phases:
                 timer.mark(step)
             if len(pending) >= LOG_FLUSH or step == max_steps:
                 loss_seen = flush(pending, on_log)

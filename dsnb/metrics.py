@@ -227,12 +227,18 @@ def host_load(start: tuple, end: tuple, own_share: float | None = None) -> dict:
             "host_steal_share": stolen / busy if busy else 0.0, "host_cores": float(os.cpu_count() or 1)}
 
 
+PHASES = {"fwd": "forward", "bwd": "backward", "bwd_inner": "backward_compute", "bwd_allreduce": "gradient_reduce",
+          "step": "optimizer_step"}  # DeepSpeed's timer names (deepspeed.utils.timer) -> dsnb's metric names
+
+
 class StepTimer:
     """Times optimizer steps after the first `untimed_steps`, counting the samples and real tokens of the
     micro-batches the loop consumed (data.BatchLog), so a short batch counts short, in every loop."""
 
-    def __init__(self, device: str, untimed_steps: int, batches):
+    def __init__(self, device: str, untimed_steps: int, batches, phases=None):
         self.device, self.untimed_steps, self.batches = device, untimed_steps, batches
+        self.phases = phases  # a callable giving the last step's phase times in ms (DeepSpeed's timers), or None
+        self.phase_marks: list[dict] = []  # phases() at each mark
         self.consumed = 0  # micro-batches the loop has trained on
         self.marks: list[tuple[float, int, int]] = []  # (time, step, micro-batches consumed)
         self.excluded: list[tuple[float, float]] = []  # (when, seconds) spent on what is not training (checkpoints)
@@ -251,6 +257,8 @@ class StepTimer:
         sync(self.device)
         self.marks.append((time.perf_counter(), step, self.consumed))
         self.hosts.append(host_snapshot())
+        if self.phases:
+            self.phase_marks.append(dict(self.phases()))
 
     def exclude(self, seconds: float) -> None:
         """Time just spent on something other than training (a checkpoint), left out of the throughput."""
@@ -273,11 +281,21 @@ class StepTimer:
                   host1[2] - host0[2]]
         samples1, tokens1, samples0, tokens0, samples, tokens, own = sum_over_ranks(counts) if gather else counts
         seconds = t1 - t0 - sum(s for when, s in self.excluded if t0 < when <= t1)
-        return {**host_load(host0, host1, own), "samples_per_second": (samples1 - samples0) / seconds,
+        return {**host_load(host0, host1, own), **self.phase_medians(self.marks.index(first)),
+                "samples_per_second": (samples1 - samples0) / seconds,
                 "tokens_per_second": (tokens1 - tokens0) / seconds,
                 "step_time_ms": 1000 * seconds / (s1 - s0), "timed_steps": s1 - s0,
                 "real_tokens_per_sample": tokens / max(1, samples), "throughput_includes_startup": float(startup),
                 "checkpoint_seconds": sum(s for _, s in self.excluded)}
+
+    def phase_medians(self, first: int) -> dict:
+        """The median over the timed steps (the marks after index `first`) of each phase's ms, as phase_<name>_ms;
+        this process's (rank 0's, as logged)."""
+        import statistics
+
+        timed = self.phase_marks[first + 1:]
+        return {f"phase_{PHASES[name]}_ms": statistics.median(m[name] for m in timed)
+                for name in PHASES if timed and all(name in m for m in timed)}
 
 
 def sum_over_ranks(values: list) -> list:

@@ -378,7 +378,12 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     reporter.say(f"model loaded in {time.perf_counter() - started:.0f} s")
     trainable, total = count_parameters(model)
     batches = BatchLog(collator(tokenizer, cfg))
-    timer = StepTimer(device, cfg.untimed_steps, batches)
+    phases = None
+    if cfg.phase_times:  # DeepSpeed's per-phase timers of the engine the loop drives (made once training starts)
+        def phases():
+            engine = getattr(trainer, "deepspeed", None)
+            return engine.get_wall_clock_timers() if engine is not None else {}
+    timer = StepTimer(device, cfg.untimed_steps, batches, phases)
     quality = Quality({"eval": the_plan.eval_rows, "recall": the_plan.recall_rows}, cfg.zero_stage == 3 and world > 1,
                       reporter)
     trainer = CheckpointTrainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,

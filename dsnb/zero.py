@@ -58,7 +58,7 @@ def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 
         "bf16": {"enabled": cfg.dtype == "bf16"},
         "zero_optimization": zero,
         "steps_per_print": 1_000_000,
-        "wall_clock_breakdown": False,
+        "wall_clock_breakdown": cfg.phase_times,  # DeepSpeed's per-phase timers, read at each step (metrics.py)
         # DeepSpeed's throughput timer (on by default) synchronizes the device at every forward and every step to
         # time them; dsnb times steps itself, and those waits keep the host from queueing ahead of the GPU.
         "timers": {"throughput": {"enabled": False}},

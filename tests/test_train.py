@@ -134,12 +134,18 @@ def test_compiled_deepspeed_keeps_the_trainers_math(tmp_path, monkeypatch):
 
 
 def test_two_processes_record_each_ranks_peak(tmp_path):
-    """num_gpus 2 starts two ranks with torchrun (CPU processes here, gloo); rank 0 logs every rank's peaks."""
+    """num_gpus 2 starts two ranks with torchrun (CPU processes here, gloo); rank 0 logs every rank's peaks, and with
+    phase_times the step's phases from DeepSpeed's timers (the gradients' reduction across the ranks among them)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = RunConfig(**dict(BASE, max_steps=3), strategy="zero3", num_gpus=2, tracking_uri=uri)
+    cfg = RunConfig(**dict(BASE, max_steps=3), strategy="zero3", num_gpus=2, phase_times=True, tracking_uri=uri)
     result = run_all([cfg], progress=False)[0]
     assert result.status == "FINISHED", result
     metrics = result.metrics
+    phases = [metrics[f"phase_{name}_ms"] for name in ("forward", "backward", "optimizer_step")]
+    assert min(phases) > 0 and metrics["phase_gradient_reduce_ms"] > 0
+    assert metrics["phase_backward_ms"] >= metrics["phase_backward_compute_ms"]
+    # the phases are inside the step, and most of it (the rest: the loop's own host work)
+    assert 0.3 * metrics["step_time_ms"] < sum(phases) <= 1.05 * metrics["step_time_ms"], metrics
     ranks = [metrics["peak_cpu_rss_mb_rank0"], metrics["peak_cpu_rss_mb_rank1"]]
     assert min(ranks) > 100 and metrics["peak_cpu_rss_mb"] == max(ranks)
     client = mlflow.MlflowClient(uri)
@@ -147,7 +153,7 @@ def test_two_processes_record_each_ranks_peak(tmp_path):
     # Each rank holds a partition of every weight; the counts are still the whole model's.
     from dsnb.model import count_parameters, load_model
 
-    whole = count_parameters(load_model(cfg.replace(strategy="baseline", num_gpus=1), "cpu")[0])
+    whole = count_parameters(load_model(cfg.replace(strategy="baseline", num_gpus=1, phase_times=False), "cpu")[0])
     params = client.get_run(result.run_id).data.params
     assert (int(params["trainable_params"]), int(params["total_params"])) == whole
     env = client.download_artifacts(result.run_id, "environment.json", str(tmp_path))
