@@ -1,5 +1,9 @@
+import json
 import os
+import subprocess
+import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -94,3 +98,34 @@ def no_child_left(marker: str, grace: float = 30):
     assert not alive, alive
 
 
+TRAIN_HERE = r"""
+import json, sys
+from dsnb.config import RunConfig
+from dsnb.report import loss_curve
+from dsnb.tracking import create_run, mlflow_client
+from dsnb.train import Reporter, train
+
+class Quiet(Reporter):
+    def say(self, text):
+        pass
+
+done = []
+for fields in json.loads(sys.argv[1]):
+    cfg = RunConfig.from_dict(fields)
+    run_id = create_run(cfg)
+    metrics = train(cfg, run_id, reporter=Quiet())
+    done.append({"name": cfg.name, "run_id": run_id, "metrics": metrics,
+                 "curve": loss_curve(mlflow_client(cfg.tracking_uri), run_id)[1]})
+print(json.dumps(done))
+"""
+
+
+def train_here(cfgs, cwd, timeout: float = 900) -> dict:
+    """Each config trained in turn in one fresh process (dsnb.train, as a variant's own process runs it), for tests of
+    what the runs compute: starting Python, torch and DeepSpeed once rather than once a run. Returns name -> an object
+    with run_id, metrics and curve (the logged losses). Measurements that need a process of their own (peaks, the
+    launcher's paths) go through launch.run_all instead."""
+    done = subprocess.run([sys.executable, "-c", TRAIN_HERE, json.dumps([c.to_dict() for c in cfgs])], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {r["name"]: SimpleNamespace(**r) for r in json.loads(done.stdout.strip().splitlines()[-1])}

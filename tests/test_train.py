@@ -10,6 +10,8 @@ from dsnb.data import build_dataset, fill_rows, load_records
 from dsnb.launch import child_env, run_all
 from dsnb.model import load_tokenizer
 
+from conftest import train_here
+
 pytestmark = pytest.mark.integration
 
 # fp32 full fine-tuning, a loss record every step and a learning rate large enough to move the loss.
@@ -28,13 +30,11 @@ def test_every_zero_stage_matches_the_baseline_loss(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfgs = [RunConfig(**BASE, tracking_uri=uri, run_name="baseline")]
     cfgs += [RunConfig(**BASE, **changes, tracking_uri=uri, run_name=name) for name, changes in STAGES.items()]
-    runs = {r.name: r for r in run_all(cfgs, progress=False)}
-    assert {name: r.status for name, r in runs.items()} == dict.fromkeys(runs, "FINISHED")
-    base = loss_curve(uri, runs["baseline"].run_id)
+    runs = train_here(cfgs, tmp_path)
+    base = runs["baseline"].curve
     assert len(base) == 5 and base[-1] < base[0] - 0.05  # training moved the loss, so agreement is not trivial
     for stage in STAGES:
-        zero = loss_curve(uri, runs[stage].run_id)
-        assert zero == pytest.approx(base, rel=1e-4, abs=1e-4), stage
+        assert runs[stage].curve == pytest.approx(base, rel=1e-4, abs=1e-4), stage
 
 
 def test_tutorial_8bit_lora_zero2_offload_runs_on_cpu(workdir):
@@ -62,9 +62,8 @@ def test_fast_recipe_keeps_the_math(tmp_path):
     plain = RunConfig(**common, run_name="plain")
     fast = RunConfig(**{**common, **bench_variants()[1]["fast"], "dtype": "fp32"}, run_name="fast")
     assert (fast.padding, fast.batch_size * fast.grad_accum) == ("longest", plain.batch_size * plain.grad_accum)
-    results = run_all([plain, fast], progress=False)
-    assert [r.status for r in results] == ["FINISHED", "FINISHED"]
-    plain_curve, fast_curve = (loss_curve(uri, r.run_id) for r in results)
+    results = list(train_here([plain, fast], tmp_path).values())
+    plain_curve, fast_curve = (r.curve for r in results)
     assert len(plain_curve) == 4 and plain_curve[-1] < plain_curve[0]
     # Equal up to fp32 summation order (one batch of 8 vs four of 2), which Adam's normalised steps carry on.
     assert fast_curve == pytest.approx(plain_curve, rel=1e-3)
@@ -91,9 +90,8 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path, monkeypatch):
     filled_compiled = filled.replace(torch_compile=True, run_name="filled_compiled")
     tokenizer = load_tokenizer(filled)
     assert len(fill_rows(build_dataset(filled, tokenizer, load_records(filled)), filled.max_length)) == 2
-    results = run_all([trainer, compiled, packed, filled, filled_compiled], progress=False)
-    assert [r.status for r in results] == ["FINISHED"] * 5, results
-    curves = [loss_curve(uri, r.run_id) for r in results]
+    results = list(train_here([trainer, compiled, packed, filled, filled_compiled], tmp_path).values())
+    curves = [r.curve for r in results]
     assert len(curves[0]) == 4 and curves[0][-1] < curves[0][0]
     # Step 1 (same weights, same samples a step, same loss normalisation) agrees to rounding; later steps carry
     # the compiled kernels' other summation order through Adam's normalised updates.
@@ -103,7 +101,7 @@ def test_compiled_loop_keeps_the_trainers_math(tmp_path, monkeypatch):
     real = [r.metrics["real_tokens_per_sample"] for r in results]
     assert real[1:] == pytest.approx(real[:1] * 4)
     for r in results:  # 4 steps of the 4 samples in every loop: samples counted, not rows (the Trainer counts rows)
-        assert r.metrics["train_samples_per_second"] * r.metrics["train_runtime"] == pytest.approx(16, rel=1e-3), r.name
+        assert r.metrics["train_samples_per_second"] * r.metrics["train_runtime"] == pytest.approx(16, rel=1e-3), r
     assert all(r.metrics["tokens_per_second"] > 0 for r in results)
     text = profile.read_text()
     assert text.startswith("step 1: wall ") and "By host time:" in text and "aten::" in text
@@ -122,9 +120,8 @@ def test_compiled_deepspeed_keeps_the_trainers_math(tmp_path, monkeypatch):
     cfgs = [zero2, zero2.replace(torch_compile=True, run_name="zero2_compiled"), zero3,
             zero3.replace(torch_compile=True, run_name="zero3_compiled"), plain]
     cfgs.append(plain.replace(torch_compile=True, loss_scale=True, run_name="scaled"))
-    results = {r.name: r for r in run_all(cfgs, progress=False)}
-    assert {r.status for r in results.values()} == {"FINISHED"}, results
-    curve = {name: loss_curve(uri, r.run_id) for name, r in results.items()}
+    results = train_here(cfgs, tmp_path)
+    curve = {name: r.curve for name, r in results.items()}
     for name in ("zero2", "zero3", "plain"):
         assert len(curve[name]) == 4 and curve[name][-1] < curve[name][0]
     assert curve["zero2_compiled"] == pytest.approx(curve["zero2"], rel=1e-3)
@@ -413,10 +410,9 @@ def test_the_flat_step_runs_in_dsnbs_compiled_zero2_and_keeps_its_curve(tmp_path
     cfg = RunConfig(**dict(OFFLINE, quantization="none", dtype="bf16", strategy="zero2", torch_compile=True,
                            max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2, grad_accum=2, num_samples=4,
                            eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False, tracking_uri=uri))
-    flat, stock = run_all([cfg.replace(run_name="flat"), cfg.replace(run_name="stock", zero_flat_step=False)],
-                          progress=False)
-    assert flat.status == stock.status == "FINISHED", (flat, stock)
+    runs = train_here([cfg.replace(run_name="flat"), cfg.replace(run_name="stock", zero_flat_step=False)], tmp_path)
+    flat, stock = runs["flat"], runs["stock"]
     assert flat.metrics["zero_flat_step"] == 1 and stock.metrics["zero_flat_step"] == 0
-    curve = {r.name: loss_curve(uri, r.run_id) for r in (flat, stock)}
+    curve = {name: r.curve for name, r in runs.items()}
     assert len(curve["flat"]) == 4 and curve["flat"][-1] < curve["flat"][0]
     assert curve["flat"] == pytest.approx(curve["stock"], rel=1e-3)
