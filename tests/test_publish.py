@@ -8,8 +8,10 @@ import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
 from dsnb.evaluate import probe_logit_norm
-from dsnb.launch import run_all
 from dsnb.publish import check_push, load_saved, save_model
+from dsnb.tracking import RunResult
+
+from conftest import train_here
 
 pytestmark = pytest.mark.integration
 
@@ -19,12 +21,12 @@ def trained(tmp_path_factory):
     """LoRA runs of synthetic:tiny on an unquantized, an 8-bit and a 4-bit base, trained hard enough that the adapters
     are far from zero."""
     folder = tmp_path_factory.mktemp("publish")
+    uri = f"sqlite:///{folder}/mlflow.db"
     cfg = RunConfig(**dict(OFFLINE, quantization="none", max_steps=6, learning_rate=1e-2, eval_samples=8),
-                    tracking_uri=f"sqlite:///{folder}/mlflow.db", run_name="to-save")
-    results = run_all([cfg, cfg.replace(quantization="8bit", run_name="eight"),
-                       cfg.replace(quantization="4bit", run_name="four")], progress=False)
-    assert [r.status for r in results] == ["FINISHED"] * 3, results
-    return folder, dict(zip(("none", "8bit", "4bit"), results, strict=True))
+                    tracking_uri=uri, output_dir=str(folder / "runs"), run_name="to-save")
+    cfgs = [cfg, cfg.replace(quantization="8bit", run_name="eight"), cfg.replace(quantization="4bit", run_name="four")]
+    runs = train_here(cfgs, folder)
+    return folder, {c.quantization: RunResult.read(uri, runs[c.name].run_id) for c in cfgs}
 
 
 def test_a_saved_adapter_reloads_with_the_runs_logits_and_merges(trained):

@@ -107,7 +107,8 @@ def test_a_checkpoint_of_the_last_step_leaves_nothing_to_train_and_the_record_st
 
 def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did_not(workdir):
     """The whole comparison killed mid-way (a Colab runtime that ends): running it again keeps the finished variant,
-    resumes the interrupted one from its checkpoint into its own run, and says so; run once more, a new comparison."""
+    resumes the interrupted one from its checkpoint into its own run, and says so (a finished comparison run again
+    starts a new one: tests/test_compare.py)."""
     import signal
     import time
 
@@ -139,6 +140,3 @@ def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did
     assert sorted((r.info.run_name, r.info.status) for r in runs) == [("With_DeepSpeed", "FINISHED"),
                                                                       ("Without_DeepSpeed", "FINISHED")]
     assert loss_curve(client, target.info.run_id)[0] == list(range(1, 9))
-    once_more = dsnb(*flags, cwd=workdir)
-    assert once_more.returncode == 0 and "kept" not in once_more.stdout
-    assert len(client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])) == 4
