@@ -55,6 +55,7 @@ import math
 import random
 
 from .config import RunConfig
+from .data import BUCKET, best_fit, packed_rows
 
 MB = 2**20
 PACK_SHUFFLES = 8
@@ -207,7 +208,6 @@ def largest_weight(config) -> int:
 
 def row_length(cfg: RunConfig, dataset) -> int:
     """The longest row a micro-batch holds, in tokens (as collated)."""
-    from .data import BUCKET
 
     if cfg.padding in ("max_length", "filled", "packed"):
         return cfg.max_length
@@ -217,7 +217,6 @@ def row_length(cfg: RunConfig, dataset) -> int:
 
 def tokens_per_micro_batch(cfg: RunConfig, dataset) -> int:
     """The largest micro-batch in tokens: padded rows, or the longest real rows (rounded as collated)."""
-    from .data import BUCKET, best_fit, packed_rows
 
     if cfg.padding in ("max_length", "filled"):  # filled: batch_size rows of max_length tokens
         return cfg.batch_size * cfg.max_length

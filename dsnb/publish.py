@@ -17,7 +17,11 @@ import tempfile
 
 from .card import write_card
 from .config import ConfigError, RunConfig, describe
-from .preflight import check_output_folder
+from .data import CLOSED_BOOK, prompt_parts
+from .estimate import PROCESS_BASE_MB, total_params
+from .evaluate import probe_logit_norm, stop_tokens
+from .model import TORCH_DTYPES, load_base, model_config, resolve_model
+from .preflight import check_output_folder, pick_device
 from .tracking import RunResult, existing_store, mlflow_client
 
 
@@ -71,8 +75,6 @@ def merged(cfg: RunConfig, adapter_dir: str, dest: str, probe: float | None) -> 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .evaluate import probe_logit_norm
-    from .model import TORCH_DTYPES, resolve_model
 
     name = cfg.dtype if cfg.quantization == "none" else "bf16" if cfg.dtype == "bf16" else \
         "fp16" if torch.cuda.is_available() else "fp32"
@@ -92,8 +94,6 @@ def check_merge_ram(cfg: RunConfig, dtype: str) -> None:
     top while it is read): refused before it starts where it would not fit, as a run is."""
     import psutil
 
-    from .estimate import PROCESS_BASE_MB, total_params
-    from .model import model_config
 
     config = model_config(cfg.model)
     need = (PROCESS_BASE_MB * 2**20 + total_params(config) * (4 if dtype == "fp32" else 2) * 2) / 2**30
@@ -111,8 +111,6 @@ def load_saved(folder: str, device: str | None = None):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .model import load_base
-    from .preflight import pick_device
 
     with open(os.path.join(folder, "dsnb_run.json")) as f:
         cfg = RunConfig.from_dict(json.load(f)["config"])
@@ -214,8 +212,6 @@ def ask(source, question: str, passage: str = "", max_new_tokens: int = 64) -> s
     import torch
     from transformers import TextStreamer
 
-    from .data import CLOSED_BOOK, prompt_parts
-    from .evaluate import stop_tokens
 
     folder = source if isinstance(source, str) else keep(source)
     if folder not in _ASKED:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import io
 
+from .config import WORK_FIELDS
+from .data import eval_task
 from .metrics import Budget, fit
-from .tracking import RunResult, existing_store, mlflow_client, search
+from .tracking import RunResult, existing_store, mlflow_client, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
 METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second", "train_steps_per_second",
@@ -205,8 +207,6 @@ def synthetic_note(model: str | None, preset: str | None = "") -> str:
 def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
     """What a person reads when a run ends: steady-state speed, peaks, loss, scores, and how to open the run (every
     metric is in MLflow, and with --verbose)."""
-    from .data import eval_task
-    from .tracking import ui_command
 
     m = metrics
     head = f"{cfg.name}" + (f" (run {run_id})" if run_id else "") + ": finished"
@@ -256,7 +256,6 @@ def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
     a tolerance, not a test: variants doing the same work measured within 1% of each other), and the held-out answers
     of each variant against the first's, question by question, differ by no more than chance (same_answers: an exact
     paired test whose false-alarm rate at equal skill is at most ALPHA)."""
-    from .config import WORK_FIELDS
 
     client = mlflow_client(runs[0].tracking_uri)
     loaded = load_runs(runs)

@@ -26,6 +26,8 @@ import math
 import random
 
 from .config import RunConfig, tutorial_pair
+from .data import BUCKET
+from .estimate import total_params
 from .metrics import GPU_PEAK_FLOPS, flops_per_token
 
 # s of host and launch work per layer of a micro-batch under the HF Trainer (H200), by weight storage
@@ -87,7 +89,6 @@ def micro_batch_tokens(cfg: RunConfig, lengths: list[int], shuffles: int = 8) ->
         return cfg.batch_size * cfg.max_length
     if cfg.padding == "packed":
         return max(1, math.ceil(cfg.batch_size * sum(lengths) / len(lengths) / cfg.max_length)) * cfg.max_length
-    from .data import BUCKET
 
     total = batches = 0
     for seed in range(shuffles):
@@ -141,7 +142,6 @@ def optimizer_seconds(cfg: RunConfig, config, trainable: int, world: int, gpu: s
 
 def step_parts(cfg: RunConfig, config, trainable: int, tokens: float, world: int, gpu: str) -> dict:
     """A step's seconds by what takes them (their sum is the step)."""
-    from .estimate import total_params
 
     parts = {"micro-batches": cfg.grad_accum * micro_batch_seconds(cfg, config, trainable, tokens, gpu),
              "optimizer": optimizer_seconds(cfg, config, trainable, world, gpu)}
@@ -207,7 +207,6 @@ def time_estimate(cfg: RunConfig, lengths: list[int], config, trainable: int, wo
 
 
 def weight_gb(config) -> float:
-    from .estimate import total_params
 
     return total_params(config) * 2 / 1e9  # as the hub stores the model: 16-bit
 

@@ -21,7 +21,17 @@ from dataclasses import dataclass, field
 from transformers import Trainer, TrainerCallback
 
 from . import preflight, tracking
+from .card import write_card
 from .config import ConfigError, RunConfig
+from .data import (CLOSED_BOOK, EVAL_SEED, BatchLog, build_dataset, collator, eval_task, fill_rows, load_records,
+                   passage_cuts, truncated)
+from .estimate import estimate_memory, largest_weight, row_length, tokens_per_micro_batch, trainable_params
+from .evaluate import answer_and_score, probe_logit_norm
+from .loop import train_compiled
+from .metrics import PeakMemory, StepTimer, flops_per_token, gather_ranks, gputil_used_mb, peak_flops
+from .model import count_parameters, fetch, load_model, load_tokenizer, model_config
+from .timing import describe_time, faster_settings, gpu_class, minutes, pair_estimate, time_estimate
+from .zero import run_config
 
 MFU_CONVENTION = "6N full / 4N+6N_trainable LoRA per real token, N=matmul weights"
 
@@ -67,9 +77,6 @@ class Plan:
 
 def plan(cfg: RunConfig, world: int = 1) -> Plan:
     """Read and check the data (training and held-out rows) and estimate the run's memory, loading no weights."""
-    from .data import CLOSED_BOOK, EVAL_SEED, build_dataset, fill_rows, load_records, passage_cuts, truncated
-    from .estimate import estimate_memory, row_length, tokens_per_micro_batch, trainable_params
-    from .model import load_tokenizer, model_config
 
     tokenizer = load_tokenizer(cfg)
     rows = load_records(cfg)
@@ -110,7 +117,6 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
         "" if on_gpu else " (the weights, gradients, optimizer and activations included)")
     rows = (f" in {len(p.train_set)} rows of {cfg.max_length} tokens ({real / (len(p.train_set) * cfg.max_length):.1%}"
             " real)") if cfg.padding == "filled" else ""
-    from .data import CLOSED_BOOK
 
     asked = f"{len(p.eval_rows)} held-out questions" + (
         f" (closed-book: they measure what the model already knew) and {len(p.recall_rows)} trained ones (recall)"
@@ -134,7 +140,6 @@ def time_lines(cfg: RunConfig, p: Plan, world: int = 1, gpus: list[str] | None =
     """The expected time on this GPU (and, under the colab_t4 preset, on a T4), or on `gpus` (timing.GPUS), with
     faster settings where the notebook's pair would run for more than an hour; nothing on the CPU, where no rate is
     calibrated."""
-    from .timing import describe_time, faster_settings, gpu_class, minutes, pair_estimate, time_estimate
 
     if gpus is None:
         here = None
@@ -177,7 +182,6 @@ class Quality:
     LABELS = {"eval": "held-out questions", "recall": "trained questions (recall)"}
 
     def score(self, when: str, model, tokenizer, cfg: RunConfig) -> None:
-        from .evaluate import answer_and_score
 
         for name, rows in self.sets.items():
             if rows:
@@ -293,7 +297,6 @@ class Session:
 def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = None,
           reporter: Reporter | None = None) -> dict:
     """Train cfg's variant here and log it to MLflow; return its metrics."""
-    from .metrics import PeakMemory
 
     device = preflight.pick_device()
     preflight.check(cfg, device)
@@ -337,11 +340,6 @@ def deepspeed_env(device: str) -> None:
 
 def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) -> Session:
     """Memory cap, DeepSpeed config, the Trainer's arguments, the plan (data, estimate), the model and the Trainer."""
-    from .data import BatchLog, collator
-    from .estimate import largest_weight
-    from .metrics import StepTimer, gputil_used_mb
-    from .model import count_parameters, load_model, model_config
-    from .zero import run_config
 
     world = preflight.world_size()
     cap_memory(cfg, device)
@@ -368,7 +366,6 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     # seeds anything; unseeded, every run (and variant) started from adapters of its own.
     from transformers import set_seed
 
-    from .model import fetch
 
     set_seed(cfg.seed)
     fetch(cfg.model, reporter.say)  # a hub model's download, with its progress, before it loads
@@ -520,7 +517,6 @@ def record_start(s: Session, checkpoint: str | None) -> None:
     import mlflow
 
     mlflow.log_metrics(s.plan.estimate)
-    from .data import eval_task
 
     mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION, "eval_task": eval_task(s.cfg),
                        "eval_set": eval_set_id(s.plan.eval_rows)})
@@ -538,7 +534,6 @@ def fit(s: Session, checkpoint: str | None) -> dict:
     callback = s.trainer.callback_handler.callbacks[-1]
     with callback.curve or contextlib.nullcontext():  # the curve is in MLflow once training ends, or fails
         if s.cfg.torch_compile:
-            from .loop import train_compiled
 
             raw = train_compiled(s.trainer, s.cfg, s.timer, callback.report,
                                  callback.curve or (lambda step, logs: None), callback.begin)
@@ -565,7 +560,6 @@ def fit(s: Session, checkpoint: str | None) -> dict:
 def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
     """(metrics, params): the Trainer's numbers, memory peaks (every rank's), throughput, MFU, the estimate's error,
     the held-out scores."""
-    from .metrics import flops_per_token, gather_ranks, gputil_used_mb, peak_flops
 
     metrics = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}
     metrics["train_runtime_sec"] = metrics["train_runtime"]
@@ -601,8 +595,6 @@ def save(s: Session, metrics: dict) -> None:
     """The trained adapter (or model) to the run's artifacts, with its model card and a fingerprint of its logits
     (publish.py checks a reloaded copy against it); the store is then its one copy."""
     if s.cfg.save_model:
-        from .card import write_card
-        from .evaluate import probe_logit_norm
 
         probe = probe_logit_norm(s.trainer.model, s.trainer.processing_class)  # every rank: ZeRO-3 gathers
         folder = os.path.join(s.run_dir, "model")

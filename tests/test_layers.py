@@ -41,3 +41,17 @@ def test_lint_finds_nothing():
     assert ruff, "ruff is in requirements-dev.txt; run setup.sh"
     done = subprocess.run([ruff, "check", "--no-cache", "."], cwd=PACKAGE.parent, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("module", LAYERS)
+def test_imports_sit_at_the_top_unless_deferring_one_is_said_to_save_time(module):
+    """A dsnb module imported inside a function says why on its line (# deferred: ...): keeping torch out of a
+    process that never trains, or out of `import dsnb`."""
+    path = PACKAGE / f"{module}.py"
+    lines = path.read_text().splitlines()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and inner.level == 1:
+                    said = "# deferred" in lines[inner.lineno - 1] or "# deferred" in lines[inner.end_lineno - 1]
+                    assert said, f"dsnb/{module}.py:{inner.lineno}: .{inner.module} imported in {node.name}(), not why"
