@@ -140,3 +140,16 @@ def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did
     assert sorted((r.info.run_name, r.info.status) for r in runs) == [("With_DeepSpeed", "FINISHED"),
                                                                       ("Without_DeepSpeed", "FINISHED")]
     assert loss_curve(client, target.info.run_id)[0] == list(range(1, 9))
+
+
+def test_checkpoints_come_by_the_clock_and_leave_the_throughput_alone(tmp_path):
+    """checkpoint_minutes (colab_t4's 10, every run's default) saves a checkpoint once that much training time has
+    passed, with no checkpoint_steps; the time the saving took is measured and left out of the throughput."""
+    from conftest import train_here
+
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", max_steps=4, eval_samples=0, save_model=False,
+                           checkpoint_minutes=0.0001, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+                           output_dir=str(tmp_path / "runs")))
+    runs = train_here([cfg, cfg.replace(checkpoint_minutes=0, run_name="none")], tmp_path)
+    assert runs[cfg.name].metrics["checkpoint_seconds"] > 0 and runs["none"].metrics["checkpoint_seconds"] == 0
+    assert runs[cfg.name].curve == pytest.approx(runs["none"].curve, rel=1e-6)  # saving changes nothing trained
