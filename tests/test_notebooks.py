@@ -47,6 +47,21 @@ def test_help_notebook_lists_every_parameter_with_type_and_comment(name):
         assert f"{node.target.id}: {type(node.value.value).__name__} (default" in out.stdout
 
 
+@pytest.mark.parametrize("name", NAMES[:2])
+def test_the_colab_badge_opens_a_t4_and_a_runtime_without_a_gpu_is_told_before_installing(name, tmp_path):
+    """The notebooks that train ask Colab for a T4 runtime; opened in one without a GPU, the setup cell says in one
+    line how to switch, before it installs anything (a switch wipes the install)."""
+    nb = nbformat.read(NOTEBOOKS / name, 4)
+    assert nb.metadata["accelerator"] == "GPU" and nb.metadata["colab"]["gpuType"] == "T4"
+    setup = next(c.source for c in nb.cells if c.cell_type == "code" and "COLAB_RELEASE_TAG" in c.source)
+    env = {k: v for k, v in os.environ.items() if k != "DSNB_OFFLINE"}
+    done = subprocess.run([sys.executable, "-c", setup], cwd=tmp_path, capture_output=True, text=True,
+                          env={**env, "COLAB_RELEASE_TAG": "rehearsal", "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+        "No GPU in this runtime: Runtime > Change runtime type > T4 GPU, then Runtime > Run all"), done.stderr[-2000:]
+    assert not list(tmp_path.iterdir())  # no setup log: nothing was installed
+
+
 @pytest.mark.integration
 def test_committed_notebooks_pass_nbval(tmp_path):
     for name in NAMES:
