@@ -17,7 +17,7 @@ import statistics
 import sys
 
 from . import preflight
-from .config import OFFLINE, ConfigError, RunConfig, read_variants
+from .config import OFFLINE, ConfigError, RunConfig, read_variants, redact
 from .launch import run_all
 from .tracking import RunResult
 
@@ -115,7 +115,8 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
     for row in rows:
         ok = base and base["samples_per_second"] and row["samples_per_second"]
         row["ratio_to_tutorial"] = row["samples_per_second"] / base["samples_per_second"] if ok else None
-    command = "python -m dsnb bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "python -m dsnb bench"
+    command = redact("python -m dsnb bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else
+                     "python -m dsnb bench")  # a --tracking_uri's credentials masked: the result is committed
     result = {"gpu": gpu, "command": command, "untimed_steps": untimed, "timed_steps": steps, "gpus_side_by_side": gpus,
               "mfu_convention": "model FLOPs per real token (6N full, 4N + 6N_trainable LoRA; N = matmul weights) "
                                 "/ dense bf16 datasheet peak",

@@ -58,6 +58,9 @@ def load_capacity(path: str, offline: bool = False, overrides: dict | None = Non
     if not all(isinstance(f, dict) or f is None for f in variants.values()) or \
             not isinstance(spec.get("base") or {}, dict) or not isinstance(skip, list):
         raise ConfigError(f"{path}: base and each variant must be field: value mappings, skip a list")
+    twice = next((m for i, m in enumerate(models) if m in models[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{path}: models entry {twice!r} is given twice; list each model once")
     budgets = budgets_of(spec.get("budgets_gb"), path)
     models = ["synthetic:tiny"] if offline else models
     wanted = {w.strip() for w in only.split(",") if w.strip()}

@@ -18,8 +18,18 @@ import os
 import signal
 import sys
 
+from . import preflight, tracking
+from .bench import BENCH_FILE, bench_variants, markdown, regressions, run_bench
+from .capacity import md_table, run_capacity
+from .compare import compare
 from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, describe, field_docs,
                      field_names, offline_requested, read_variant)
+from .launch import run_variant, watch_parent
+from .preflight import check_output_folder, prepare
+from .publish import check_push, push_to_hub, save_model
+from .report import compare_table, format_table, run_summary, same_work, verdict
+from .sweep import run_sweep
+from .tracking import STOPPED, RunResult, existing_store, export_store, ui_command
 
 
 class Parser(argparse.ArgumentParser):
@@ -174,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dsnb: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        from .tracking import STOPPED
 
         if STOPPED:
             print(f"dsnb: interrupted; the running variant was stopped and its run {', '.join(STOPPED)} recorded "
@@ -185,8 +194,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args) -> int:
-    from . import preflight, tracking
-    from .launch import run_variant
 
     cfg = build_config(args)
     if args.local_rank is not None:
@@ -198,7 +205,6 @@ def cmd_run(args) -> int:
         return 0 if run_variant(cfg).status == "FINISHED" else 1
     preflight.check(cfg)
     if "WORLD_SIZE" in os.environ:  # a rank under a launcher: its agent gone (with its node), the rank stops too
-        from .launch import watch_parent
 
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a launcher may start its ranks with SIGINT ignored
         watch_parent(os.getppid())
@@ -206,7 +212,7 @@ def cmd_run(args) -> int:
         run_id, checkpoint = tracking.resumable_run(cfg)
     else:  # opened here, so a failure can be told as the store holds it
         run_id, checkpoint = (tracking.create_run(cfg) if preflight.is_rank0() else None), None
-    from .train import train
+    from .train import train  # deferred: transformers and torch load only for a run (not for --help, ui, export)
 
     try:
         metrics = train(cfg, run_id, checkpoint)
@@ -219,7 +225,6 @@ def cmd_run(args) -> int:
         print(f"dsnb: the run failed; {tracking.what_was_recorded(cfg.tracking_uri, run_id)}", file=sys.stderr)
         return 1
     if preflight.is_rank0():
-        from .report import run_summary
 
         print(run_summary(metrics, cfg, run_id))
         if args.verbose:
@@ -228,8 +233,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from . import preflight
-    from .train import describe_plan, plan
+    from .train import describe_plan, plan  # deferred: as for run, only where a plan is made
 
     cfg = build_config(args)
     preflight.check(cfg)
@@ -239,9 +243,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .report import compare_table, format_table, same_work, verdict
-    from .compare import compare
-    from .tracking import ui_command
 
     cfg = build_config(args)
     results = compare(cfg)
@@ -252,9 +253,6 @@ def cmd_compare(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .report import compare_table, format_table
-    from .sweep import run_sweep
-    from .tracking import ui_command
 
     if not args.file:
         raise ConfigError("sweep needs -f <sweep.yaml>, for example variants/sweep_zero_stages.yaml")
@@ -267,8 +265,6 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import BENCH_FILE, bench_variants, markdown, run_bench
-    from .preflight import check_output_folder
 
     path = args.file or BENCH_FILE
     names = list(bench_variants(path)[1])
@@ -282,7 +278,6 @@ def cmd_bench(args) -> int:
                        args.out, args.tracking_uri, args.gpus, path)
     print(markdown(result))
     if baseline is not None:
-        from .bench import regressions
 
         problems = regressions(result, baseline)
         print("\n".join(f"REGRESSION {p}" for p in problems) or f"no regression against {args.baseline}")
@@ -293,6 +288,7 @@ def cmd_bench(args) -> int:
 def read_baseline(path: str) -> dict:
     """A bench result JSON that --baseline compares against, or a ConfigError saying what is wrong with it."""
     import json
+    import math
 
     if not os.path.isfile(path):
         raise ConfigError(f"--baseline {path} does not exist; give a bench JSON such as benchmarks/results/cpu.json")
@@ -302,14 +298,20 @@ def read_baseline(path: str) -> dict:
     except (ValueError, UnicodeDecodeError) as e:  # not JSON, or not text at all
         raise ConfigError(f"--baseline {path} is not a bench result's JSON ({describe(e)})") from None
     rows = baseline.get("variants") if isinstance(baseline, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "name" in r for r in rows):
-        raise ConfigError(f"--baseline {path} holds no bench variants (a JSON object with a variants list, as "
-                          "python -m dsnb bench writes)")
+    if not isinstance(rows, list) or not rows or \
+            not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
+        raise ConfigError(f"--baseline {path} holds no bench variants (a JSON object with a non-empty variants list, "
+                          "as python -m dsnb bench writes)")
+    ratios = {r["name"]: r.get("ratio_to_tutorial") for r in rows}
+    wrong = [n for n, v in ratios.items() if v is not None and (type(v) not in (int, float) or not math.isfinite(v))]
+    if wrong:
+        raise ConfigError(f"--baseline {path}: variant {wrong[0][:40]!r} has ratio_to_tutorial "
+                          f"{str(ratios[wrong[0]])[:40]!r}; it must be a number or null, as python -m dsnb bench "
+                          "writes")
     return baseline
 
 
 def cmd_capacity(args) -> int:
-    from .capacity import md_table, run_capacity
 
     if not args.file:
         raise ConfigError("capacity needs -f <capacity.yaml>, for example variants/capacity_map.yaml")
@@ -321,20 +323,20 @@ def cmd_capacity(args) -> int:
 
 
 def cmd_save(args) -> int:
-    from .preflight import check_output_folder
-    from .publish import check_push, push_to_hub, save_model
-    from .tracking import RunResult, existing_store
 
     token = args.token or os.environ.get("HF_TOKEN", "")
     check_output_folder(args.output, "-o", empty=True)  # everything the command needs, before anything is written
     if args.push_to:
         check_push(args.push_to, token)
+    from mlflow.exceptions import MlflowException
+
     try:
         result = RunResult.read(existing_store(args.tracking_uri), args.run_id)
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise ConfigError(f"run {args.run_id} is not in {args.tracking_uri} ({e.__class__.__name__})") from None
+    except MlflowException as e:  # only a run id the store does not hold is "not in" it
+        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise ConfigError(f"run {args.run_id} is not in {args.tracking_uri} ({describe(e)}); python -m dsnb ui "
+                              "shows the runs it holds") from None
+        raise ConfigError(f"could not read run {args.run_id} from {args.tracking_uri} ({describe(e)})") from None
     folder = save_model(result, args.output, args.merge)
     print(f"wrote {folder}" + (" (merged)" if args.merge else ""))
     if args.push_to:
@@ -343,14 +345,12 @@ def cmd_save(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from .preflight import prepare
 
     prepare()
     return 0
 
 
 def cmd_export(args) -> int:
-    from .tracking import export_store
 
     path = export_store(args.tracking_uri, args.output)
     print(f"wrote {path}; unzip it and run `mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1` in "
@@ -359,7 +359,6 @@ def cmd_export(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from .tracking import existing_store, ui_command
 
     print(ui_command(existing_store(args.tracking_uri)))
     print("This binds to 127.0.0.1 only: the MLflow UI has no login. Reach it from elsewhere through an SSH tunnel.")

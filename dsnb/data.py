@@ -290,9 +290,10 @@ def build_dataset(cfg: RunConfig, tokenizer, rows: list[dict] | None = None):
     rows = load_records(cfg) if rows is None else rows
     if len(rows) < cfg.num_samples:
         raise ConfigError(f"num_samples is {cfg.num_samples} but the data holds {len(rows)} rows; lower num_samples")
-    if rows and not any(r["answers"]["text"] for r in rows):
-        raise ConfigError(f"every one of the {len(rows)} training rows of {cfg.dataset} has an empty answer, so the "
-                          f"run would only learn to say {NO_ANSWER!r}; check the file's answers column")
+    if rows and not any(text.strip() for r in rows for text in r["answers"]["text"]):  # none, or blank ones only
+        raise ConfigError(f"every one of the {len(rows)} training rows of {cfg.dataset} has an empty answer (none, or "
+                          f"blank text), so the run would only learn to say {NO_ANSWER!r} or nothing; check the file's "
+                          "answers column")
     parts = [prompt_parts(cfg, tokenizer, row) for row in rows]
     if all(len(prompt) >= cfg.max_length for prompt, _ in parts):
         longest = max(len(whole) for _, whole in parts)

@@ -20,6 +20,7 @@ import time
 import warnings
 
 from .config import ConfigError, RunConfig, describe
+from .data import format_prompt, synthetic_squad
 
 # Llama shapes: hidden, layers, heads, kv heads, MLP width, vocab, tied embeddings.
 SHAPES = {
@@ -145,23 +146,41 @@ def build_synthetic(shape: str, path: str, dims: dict | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{shape}-")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path("synthetic:tiny"))
-    tokenizer.save_pretrained(tmp)
-    config = synthetic_config(dims or SHAPES[shape], tokenizer.bos_token_id, tokenizer.eos_token_id)
-    assert config.vocab_size >= len(tokenizer)
-    torch.manual_seed(0)
-    large = config.hidden_size > 1024
-    device = "cuda" if large and torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if large else torch.float32)
-    model.save_pretrained(tmp)
-    del model
-    if os.path.isdir(path):  # another process finished first
-        shutil.rmtree(tmp)
-        return
-    os.replace(tmp, path)
+    with built_whole(path, f"synthetic:{shape}") as tmp:
+        tokenizer.save_pretrained(tmp)
+        config = synthetic_config(dims or SHAPES[shape], tokenizer.bos_token_id, tokenizer.eos_token_id)
+        assert config.vocab_size >= len(tokenizer)
+        torch.manual_seed(0)
+        large = config.hidden_size > 1024
+        device = "cuda" if large and torch.cuda.is_available() else "cpu"
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if large else torch.float32)
+        model.save_pretrained(tmp)
+        del model
+
+
+@contextlib.contextmanager
+def built_whole(path: str, what: str):
+    """A folder for `path` to be written into under a temporary name beside it, renamed into place when the block
+    ends (kept as it is where another process finished first); on any failure it is removed, and a write that failed
+    (a full disk, say) is a ConfigError naming the place and DSNB_CACHE."""
+    from safetensors import SafetensorError
+
+    folder = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=folder, prefix=f".{os.path.basename(path)}-")
+        yield tmp
+        if not os.path.isdir(path):  # else another process finished first
+            os.replace(tmp, path)
+    except (OSError, SafetensorError) as e:
+        raise ConfigError(f"could not build {what} in {folder} ({describe(e)}); free space there, or set DSNB_CACHE "
+                          "to a folder with room") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def synthetic_config(dims: dict, bos: int, eos: int):
@@ -180,7 +199,6 @@ def train_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from .data import format_prompt, synthetic_squad
 
     rows = synthetic_squad(4000, seed=1)
     corpus = [format_prompt(r) for r in rows] + [r["context"] for r in rows]
@@ -205,13 +223,8 @@ def tokenizer_path(name: str) -> str:
     synthetic_shape(name)
     path = os.path.join(cache_dir(), f"synthetic-v{SYNTHETIC_VERSION}", "tokenizer")
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=".tokenizer-")
-        train_tokenizer().save_pretrained(tmp)
-        if os.path.isdir(path):  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, path)
+        with built_whole(path, "dsnb's tokenizer") as tmp:
+            train_tokenizer().save_pretrained(tmp)
     return path
 
 

@@ -19,6 +19,8 @@ import tempfile
 import time
 
 from .config import ConfigError, RunConfig, check_environment, describe, preset_fields
+from .estimate import disk_mb, estimate_memory, host_ram_mb, stored_bytes, total_params, trainable_params
+from .model import SYNTHETIC_VERSION, cache_dir, model_config, resolve_model, synthetic_shape
 from .zero import deepcompile_asked, read_ds_config
 
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
@@ -61,7 +63,8 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
     """Everything that can be known before loading: raise ConfigError naming what to change."""
     check_environment()
     device = pick_device() if device is None else device
-    key = json.dumps([cfg.to_dict(), device, world_size(), os.environ.get("TORCH_CUDA_ARCH_LIST")], sort_keys=True)
+    key = json.dumps([cfg.to_dict(), device, world_size(), os.getcwd()] +  # relative paths are the folder's
+                     [os.environ.get(name) for name in ("TORCH_CUDA_ARCH_LIST", "DSNB_CACHE")], sort_keys=True)
     if key in _CHECKED:
         return
     check_device(cfg, device)
@@ -83,7 +86,6 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
             print(f"dsnb: DeepSpeed builds its CPU Adam op first: about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, once "
                   "per machine (python -m dsnb prepare builds it ahead)", flush=True)
     check_deepcompile(cfg, device)
-    from .model import resolve_model
 
     check_cache(cfg)
     if not cfg.model.startswith("synthetic:"):
@@ -96,14 +98,18 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
 def check_cache(cfg: RunConfig) -> None:
     """The folder a model is built or downloaded into can be written (DSNB_CACHE for synthetic shapes, the hub's cache
     for a hub id), unless what is needed is already there."""
-    from .model import SYNTHETIC_VERSION, cache_dir, synthetic_shape
 
     if cfg.model.startswith("synthetic:"):
+
         folder = os.path.join(cache_dir(), f"synthetic-v{SYNTHETIC_VERSION}")
         built = all(os.path.isfile(os.path.join(folder, part, name)) for part, name in
                     ((synthetic_shape(cfg.model), "config.json"), ("tokenizer", "tokenizer.json")))
         if not built:
-            check_output_folder(cache_dir(), "DSNB_CACHE (where dsnb builds its synthetic models)")
+            what = "DSNB_CACHE (where dsnb builds its synthetic models)"
+            check_output_folder(cache_dir(), what)
+            config = model_config(cfg.model)  # its weights, and 1 MB for the tokenizer and config files
+            check_free_space(cache_dir(), total_params(config) * stored_bytes(config) / 2**20 + 1, what,
+                             f"the {cfg.model} model it builds there once")
     elif not os.path.isdir(cfg.model):
         from huggingface_hub import constants
 
@@ -113,8 +119,6 @@ def check_cache(cfg: RunConfig) -> None:
 
 def check_disk(cfg: RunConfig) -> None:
     """output_dir (checkpoints and the saved model) and a local store (its artifacts) can be written and have room."""
-    from .estimate import disk_mb, trainable_params
-    from .model import model_config
 
     check_output_folder(cfg.output_dir, "output_dir")
     if cfg.results_folder:
@@ -138,22 +142,32 @@ def check_disk(cfg: RunConfig) -> None:
 def check_store(uri: str) -> None:
     """The MLflow store can be written: found within seconds, before any model loads (MLflow's own retries take
     minutes to give up on a server that does not answer)."""
-    from urllib.parse import urlparse
-
-    scheme = urlparse(uri).scheme
+    scheme = check_scheme(uri)
     if scheme == "sqlite":
         check_sqlite_store(uri)
     elif scheme in ("http", "https"):
         check_server(uri)
-    elif scheme in ("", "file"):
-        raise ConfigError(f"tracking_uri {uri!r} is a file store, which MLflow 3 deprecates and refuses; "
-                          "use sqlite:///mlflow.db (or an http:// tracking server)")
     else:
         check_database(uri, scheme)
 
 
+def check_scheme(uri: str) -> str:
+    """The URI's scheme; a bare path or file: URI (MLflow's file store) is refused."""
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    if scheme in ("", "file"):
+        raise ConfigError(f"tracking_uri {uri!r} is a file store, which MLflow 3 deprecates and refuses; "
+                          f"use sqlite:///{uri if scheme == '' and uri.endswith('.db') else 'mlflow.db'} (or an "
+                          "http:// tracking server)")
+    return scheme
+
+
 def check_sqlite_store(uri: str) -> None:
     path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+    if "?" in uri:  # SQLAlchemy would take it as options, MLflow's artifact folder as part of a file name
+        raise ConfigError(f"tracking_uri {uri!r} holds a query ({uri[uri.index('?'):]!r}); give a plain file path "
+                          "such as sqlite:///mlflow.db")
     if path in (":memory:", "") and uri.rstrip("/").endswith(":memory:"):
         raise ConfigError(f"tracking_uri {uri!r} keeps the store in memory, so every run is lost when its process "
                           "ends; use a file such as sqlite:///mlflow.db")
@@ -179,20 +193,67 @@ def check_sqlite_store(uri: str) -> None:
 
 
 def check_complete(db: str) -> None:
-    """A ConfigError naming a store whose creation was cut short (its tables half-made), with what to do."""
+    """A ConfigError naming a store this MLflow cannot use as it is, with what to do: one whose creation or migration
+    was cut short (tables half-made), one of an older schema (upgradable), or one a newer MLflow made."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
             tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+            version = con.execute("SELECT version_num FROM alembic_version").fetchone() \
+                if "alembic_version" in tables else None
     except sqlite3.DatabaseError as e:
         raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); move it away and run again, or give "
                           "another tracking_uri") from None
-    if "alembic_version" in tables and not any(t.startswith("_alembic_tmp") for t in tables):
-        return
     held = f"it holds {runs} run(s)" if runs else "it holds no runs"
+    if version and not any(t.startswith("_alembic_tmp") for t in tables):
+        import mlflow
+        from alembic.script import ScriptDirectory
+        from mlflow.store.db.utils import _get_alembic_config
+
+        script = ScriptDirectory.from_config(_get_alembic_config(""))
+        head = script.get_current_head()
+        if version[0] == head:
+            return
+        if version[0] not in {r.revision for r in script.walk_revisions()}:
+            raise ConfigError(f"{db} is an MLflow store of schema {version[0]}, made by a newer MLflow than this "
+                              f"one ({mlflow.__version__}); pip install -U mlflow, or give another tracking_uri")
+        if upgradable(db):
+            raise ConfigError(f"{db} is an MLflow store of an older schema ({version[0]}; MLflow {mlflow.__version__} "
+                              f"needs {head}) and {held}; upgrade it in place: cp {shlex.quote(db)} "
+                              f"{shlex.quote(db + '.bak')} && mlflow db upgrade "
+                              f"{shlex.quote('sqlite:///' + os.path.abspath(db))}")
     raise ConfigError(f"{db} is an MLflow store whose creation was interrupted (its tables are half-made; {held}); "
                       f"move it away (mv {shlex.quote(db)} {shlex.quote(db + '.broken')}) and run again, which creates "
                       "a new one")
+
+
+def upgradable(db: str) -> bool:
+    """Whether MLflow's migrations bring a copy of the store to the current schema (they fail on a store whose last
+    migration was cut short part way: `table ... already exists`)."""
+    import logging
+
+    import sqlalchemy
+    from mlflow.store.db.utils import _upgrade_db
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "copy.db")
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as src, \
+                contextlib.closing(sqlite3.connect(copy)) as out:
+            src.backup(out)
+        engine = sqlalchemy.create_engine(f"sqlite:///{copy}")
+        loggers = [logging.getLogger(name) for name in ("alembic", "mlflow.store.db.utils")]  # a trial: no notices
+        levels = [logger.level for logger in loggers]
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        try:
+            _upgrade_db(engine)
+            return True
+        except Exception:  # alembic's and SQLAlchemy's errors alike: the migrations cannot finish
+            return False
+        finally:
+            engine.dispose()
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
 
 
 def check_unlocked(uri: str, path: str, wait_s: float = 5.0) -> None:
@@ -214,8 +275,8 @@ def check_unlocked(uri: str, path: str, wait_s: float = 5.0) -> None:
 
 
 def check_server(uri: str) -> None:
-    """An http(s) tracking server answers /health; a user and password in the URI are sent as basic auth, as
-    MLflow's own requests send them."""
+    """An http(s) tracking server answers /health; a user and password in the URI (else MLFLOW_TRACKING_USERNAME and
+    _PASSWORD, as a sweep's kernel gets them) are sent as basic auth, as MLflow's own requests send them."""
     import base64
     import urllib.request
     from urllib.parse import unquote, urlsplit, urlunsplit
@@ -223,9 +284,10 @@ def check_server(uri: str) -> None:
     parts = urlsplit(uri)
     url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])).rstrip("/") + "/health"
     request = urllib.request.Request(url)
-    if "@" in parts.netloc:
-        pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
-        request.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
+    user, password = (unquote(parts.username or ""), unquote(parts.password or "")) if "@" in parts.netloc else \
+        (os.environ.get("MLFLOW_TRACKING_USERNAME", ""), os.environ.get("MLFLOW_TRACKING_PASSWORD", ""))
+    if user or password:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
     try:
         urllib.request.urlopen(request, timeout=5)
     except OSError as e:
@@ -293,22 +355,33 @@ def check_writable_place(path: str, what: str) -> None:
         raise ConfigError(f"{what} {path}: {existing} cannot be written to (read-only?); give a writable place")
 
 
-def check_free_space(path: str, need_mb: float, what: str) -> None:
-    """The disk under path has room for what the run writes there (the saved model, its artifact copy,
+def check_free_space(path: str, need_mb: float, what: str,
+                     writes: str = "its saved model, checkpoints and MLflow's copy") -> None:
+    """The disk under path has room for what the run writes there (by default the saved model, its artifact copy,
     checkpoints)."""
     existing = next((d for d in _parents(os.path.abspath(path)) if os.path.exists(d)), "/")
     free_mb = shutil.disk_usage(existing).free / 2**20
     if free_mb < need_mb:
-        raise ConfigError(f"{what} {path} has {free_mb:,.0f} MB free but this run writes about {need_mb:,.0f} MB there "
-                          "(its saved model, checkpoints and MLflow's copy); free space or choose another place")
+        raise ConfigError(f"{what} {path} has {free_mb:,.1f} MB free but this run writes about {need_mb:,.1f} MB there "
+                          f"({writes}); free space or choose another place")
+
+
+PATH_ROOM = 256  # bytes dsnb adds under a path it is given (run ids, checkpoint folders, artifact and file names)
 
 
 def check_path_names(path: str, field: str) -> None:
-    """Each part of a path fits the file system's name limit (255 bytes on most)."""
-    for part in os.path.abspath(path).split(os.sep):
+    """Each part of a path fits the file system's name limit (255 bytes on most), and the whole path, with room for
+    what dsnb writes under it, its path limit (PATH_MAX: 4096 bytes on Linux)."""
+    full = os.path.abspath(path)
+    for part in full.split(os.sep):
         if len(part.encode()) > 255:
             raise ConfigError(f"{field}: the path's part {part[:40]!r}... is {len(part.encode())} bytes long, over the "
                               "file-name limit of 255; shorten it")
+    existing = next(d for d in _parents(full) if os.path.exists(d))
+    limit = os.pathconf(existing, "PC_PATH_MAX")
+    if len(full.encode()) + PATH_ROOM > limit:
+        raise ConfigError(f"{field}: the path {full[:40]!r}... is {len(full.encode())} bytes long and dsnb writes up "
+                          f"to {PATH_ROOM} more under it, over the path limit of {limit}; give a shorter path")
 
 
 def _parents(folder: str):
@@ -367,8 +440,6 @@ def check_host_ram(cfg: RunConfig, world: int, device: str, estimate: dict | Non
     attention masks too: before the data is read, those are left out)."""
     import psutil
 
-    from .estimate import estimate_memory, host_ram_mb, trainable_params
-    from .model import model_config
 
     config = model_config(cfg.model)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))

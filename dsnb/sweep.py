@@ -68,6 +68,10 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
     from tqdm.auto import tqdm
 
     notebook, cfgs, out_dir = load_sweep(path, offline, overrides)
+    preflight.check_output_folder(out_dir, f"{path}: the sweep's output folder (output_dir)")
+    # A tracking URI's user and password reach the kernels as MLFLOW_TRACKING_USERNAME and _PASSWORD (inherited), never
+    # as a parameter: papermill writes every parameter into the executed notebook and its metadata.
+    cfgs = [cfg.replace(tracking_uri=tracking.without_credentials(cfg.tracking_uri)) for cfg in cfgs]
     for cfg in cfgs:
         preflight.check(cfg)
     os.makedirs(out_dir, exist_ok=True)

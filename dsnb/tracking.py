@@ -24,6 +24,7 @@ import zipfile
 from importlib import metadata
 
 from .config import ConfigError, RunConfig, describe, redact
+from .preflight import check_complete, check_output_file, check_scheme
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
 # MLflow's "Downloading artifacts" bars tell a notebook user nothing (dsnb reads small files back); yours, if set, stay.
@@ -64,11 +65,18 @@ def resolve_uri(uri: str) -> str:
     relative one would keep writing to the first working directory's file after a chdir: a notebook's, a test's), and an
     http(s) URI without its user and password, which go to MLflow as MLFLOW_TRACKING_USERNAME and _PASSWORD (its
     documented way), so that no URL MLflow prints or stores holds them."""
-    from urllib.parse import unquote, urlsplit, urlunsplit
-
     db = sqlite_path(uri)
     if db is not None:
         return f"sqlite:///{os.path.abspath(db)}"
+    return without_credentials(uri)
+
+
+def without_credentials(uri: str) -> str:
+    """An http(s) URI without its user and password, which go into this process's environment as
+    MLFLOW_TRACKING_USERNAME and _PASSWORD (a process it starts, a sweep's kernel, inherits them); other URIs as they
+    are."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
     parts = urlsplit(uri)
     if parts.scheme in ("http", "https") and "@" in parts.netloc:
         os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parts.username or "")
@@ -89,6 +97,8 @@ def mlflow_client(uri: str):
 def existing_store(uri: str) -> str:
     """uri, if it names a store that is there: commands that only read (save, export, notebook 03) must not create an
     empty one where a path is mistyped."""
+
+    check_scheme(uri)
     db = sqlite_path(uri)
     if db is not None and not os.path.isfile(db):
         raise ConfigError(f"tracking_uri {uri}: there is no store at {os.path.abspath(db)}; give the store the runs "
@@ -112,14 +122,18 @@ def init_store(uri: str) -> None:
     import logging
 
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables"
-    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+
+    folder = os.path.dirname(os.path.abspath(db))
+    if os.path.isfile(db) and os.path.getsize(db) and not os.access(folder, os.W_OK):
+        check_complete(db)  # a store on a read-only place is only read: no lock beside it (none could be made)
+        _READY.add(uri)
+        return
+    os.makedirs(folder, exist_ok=True)
     with open(db + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for left in glob.glob(glob.escape(db) + ".creating-*"):  # a creation killed part way (the lock is ours now)
             os.remove(left)
         if os.path.isfile(db) and os.path.getsize(db):
-            from .preflight import check_complete
-
             check_complete(db)
         else:
             create_store(db)
@@ -341,7 +355,6 @@ def export_store(tracking_uri: str, dest: str) -> str:
     Artifact locations are rewritten to paths relative to the store's folder in the zipped copy, so
     `mlflow ui` started in the unzipped folder finds every artifact on another machine.
     """
-    from .preflight import check_output_file
 
     db = sqlite_path(tracking_uri)
     if db is None or not os.path.isfile(db):
@@ -349,7 +362,7 @@ def export_store(tracking_uri: str, dest: str) -> str:
     check_output_file(dest, "the zip")
     root = os.path.dirname(os.path.abspath(db))
     artifacts = os.path.join(root, ARTIFACT_DIR)
-    if os.path.abspath(dest).startswith(artifacts + os.sep):
+    if os.path.realpath(dest).startswith(os.path.realpath(artifacts) + os.sep):  # also through a symlink
         raise ConfigError(f"the zip {dest} would sit inside the store's own artifacts ({artifacts}) and so hold "
                           "itself; write it elsewhere")
     part = dest + ".partial"
@@ -371,14 +384,21 @@ def export_store(tracking_uri: str, dest: str) -> str:
                         path = os.path.join(folder, name)
                         zf.write(path, os.path.relpath(path, root))
         os.replace(part, dest)
-    except sqlite3.DatabaseError as e:
-        raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); nothing was exported") from None
-    except OSError as e:
-        raise ConfigError(f"could not write {dest} ({describe(e)}); free space there or give another place") from None
+    except (sqlite3.DatabaseError, OSError) as e:
+        raise export_error(e, db, dest) from None
     finally:
         if os.path.exists(part):
             os.remove(part)
     return dest
+
+
+def export_error(error: Exception, db: str, dest: str) -> ConfigError:
+    """What stopped an export: a store that cannot be read, or dest that cannot be written (a full disk; SQLite says
+    so while it copies the store beside dest)."""
+    if isinstance(error, sqlite3.DatabaseError) and getattr(error, "sqlite_errorname", "") != "SQLITE_FULL":
+        return ConfigError(f"{db} is not a readable MLflow store ({describe(error)}); nothing was exported")
+    full = "No space left on device: " if isinstance(error, sqlite3.DatabaseError) else ""
+    return ConfigError(f"could not write {dest} ({full}{describe(error)}); free space there or give -o another place")
 
 
 def download_store(tracking_uri: str, drive_folder: str = "") -> str:

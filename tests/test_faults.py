@@ -7,6 +7,7 @@ import os
 import pathlib
 import sqlite3
 import subprocess
+import sys
 import time
 import uuid
 
@@ -46,7 +47,8 @@ def read_only(tmp_path):
     if not (mount("--bind", str(source), str(target)) and mount("-o", "remount,ro,bind", str(target))):
         pytest.skip("this machine refuses mounts (they need root and CAP_SYS_ADMIN)")
     yield target
-    subprocess.run(["umount", str(target)], check=True)
+    # lazy: detached now, gone once nothing holds it (MLflow keeps a store it read open for the process's life)
+    subprocess.run(["umount", "--lazy", str(target)], check=True)
 
 
 @pytest.fixture
@@ -101,8 +103,12 @@ def test_a_full_disk_is_refused_or_leaves_nothing_half_written(here, workdir, ti
     (["--tracking_uri", "sqlite:///a_folder"], "a_folder is a folder; name the database file in it"),
     (["--tracking_uri", "sqlite:///:memory:"], "keeps the store in memory, so every run is lost"),
     (["--output_dir", "x" * 300], "over the file-name limit of 255"),
-    (["--experiment", "e" * 600], "experiment must be at most 250 printable characters"),
+    (["--experiment", "e" * 600], "experiment must be at most 250 characters (MLflow's limit; it has 600)"),
     (["--tracking_uri", "postgresql://u:p@127.0.0.1:9/db"], "needs the database driver psycopg2"),
+    (["--output_dir", "/".join(["p" * 250] * 18)], "bytes long and dsnb writes up to 256 more under it, over the path "
+                                                   "limit of 4096"),
+    (["--tracking_uri", "sqlite:///m.db?timeout=30"], "holds a query ('?timeout=30'); give a plain file path"),
+    (["--tracking_uri", "sqlite:///file::memory:?cache=shared"], "holds a query ('?cache=shared'); give a plain"),
 ])
 def test_wrong_places_and_values_are_named(here, workdir, flags, message):
     (workdir / "a_file").write_text("")
@@ -110,6 +116,7 @@ def test_wrong_places_and_values_are_named(here, workdir, flags, message):
     code, err = here("check", "--offline", *flags)
     assert code == 2 and message in err, err
     assert "u:p@" not in err
+    assert sorted(p.name for p in workdir.iterdir()) == ["a_file", "a_folder"]  # nothing made on the way
 
 
 def test_a_cache_folder_that_cannot_be_written_is_named(here, workdir, read_only, monkeypatch):
@@ -142,6 +149,9 @@ def test_a_locked_store_is_refused_in_seconds(here, workdir):
     (b"\x89PNG\r\n\x1a\n\x00\x00", "is not a bench result's JSON"),
     (b"[1, 2]", "holds no bench variants"),
     (b'{"variants": "none"}', "holds no bench variants"),
+    (b'{"variants": []}', "holds no bench variants"),  # nothing to compare: never "no regression"
+    (b'{"variants": [{"name": "tutorial", "ratio_to_tutorial": "fast"}]}',
+     "variant 'tutorial' has ratio_to_tutorial 'fast'; it must be a number or null"),
 ])
 def test_a_bench_baseline_of_the_wrong_shape_is_named(here, workdir, content, message):
     (workdir / "base.json").write_bytes(content)
@@ -181,6 +191,9 @@ def test_a_yaml_file_dsnb_would_misread_is_refused(here, workdir, text, message)
                                     "variants:\n  a: {}\n  a: {lora_r: 0}\n")
     code, err = here("capacity", "--offline", "-f", "c.yaml")
     assert code == 2 and "'a' is given twice" in err
+    (workdir / "m.yaml").write_text("models: [synthetic:tiny, synthetic:tiny]\nbudgets_gb: [15]\nvariants:\n  a: {}\n")
+    code, err = here("capacity", "--offline", "-f", "m.yaml")
+    assert code == 2 and "models entry 'synthetic:tiny' is given twice" in err
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -199,13 +212,17 @@ def test_reading_commands_never_create_a_store(here, workdir):
     assert code == 2 and "there is no store at" in err
     code, err = here("ui", "--tracking_uri", "sqlite:///typo.db")
     assert code == 2 and "there is no store at" in err
+    code, err = here("ui", "--tracking_uri", "typo.db")  # no scheme: MLflow's file store, never a command to open it
+    assert code == 2 and "'typo.db' is a file store" in err and "use sqlite:///typo.db" in err
     assert not (workdir / "typo.db").exists() and not (workdir / "out").exists()
 
 
 def test_export_refuses_what_would_lose_or_loop(here, workdir):
     a_store_with_a_run(workdir, 0.01)
+    (workdir / "link").symlink_to(workdir / "mlartifacts")
     for dest, message in (("", "give a file name"),
-                          ("mlartifacts/x.zip", "would sit inside the store's own artifacts")):
+                          ("mlartifacts/x.zip", "would sit inside the store's own artifacts"),
+                          ("link/y.zip", "would sit inside the store's own artifacts")):
         code, err = here("export", "-o", dest)
         assert code == 2 and message in err, err
     (workdir / "corrupt").mkdir()
@@ -229,8 +246,9 @@ def test_a_zip_that_is_no_store_is_named(workdir):
     assert not (workdir / "dsnb_mlflow").exists()
 
 
-def test_a_data_file_with_no_answer_at_all_is_refused(here, workdir):
-    rows = [{"question": f"question {i}?", "answers": {"text": []}} for i in range(70)]
+@pytest.mark.parametrize("texts", [[], [""], ["  ", "\n"]])
+def test_a_data_file_with_no_answer_at_all_is_refused(here, workdir, texts):
+    rows = [{"question": f"question {i}?", "answers": {"text": texts}} for i in range(70)]
     (workdir / "empty.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     code, err = here("check", "--offline", "--dataset", "empty.jsonl")
     assert code == 2 and "has an empty answer" in err
@@ -259,3 +277,96 @@ def test_credentials_are_masked_wherever_a_uri_is_shown():
         assert "topsecret" not in str(e) and "topsecret" not in "".join(e._render_traceback_())
     error = ConfigError("tracking_uri https://me:hf_topsecret@host/x does not answer")
     assert str(error) == "tracking_uri https://***@host/x does not answer"
+
+
+def test_an_export_to_a_full_disk_blames_the_destination(here, workdir, tiny_disk):
+    """A small store copied onto a full disk: SQLite says "database or disk is full" while it copies, which is the
+    destination's fault, never the store's."""
+    a_store_with_a_run(workdir, 0.01)
+    (tiny_disk / "filler").write_bytes(b"x" * (2 * 2**20 - 128 * 1024))
+    code, err = here("export", "-o", str(tiny_disk / "store.zip"))
+    assert code == 2 and f"could not write {tiny_disk / 'store.zip'} (No space left on device" in err, err
+    assert "not a readable MLflow store" not in err
+    assert os.listdir(tiny_disk) == ["filler"]
+
+
+def test_a_full_cache_is_refused_and_a_failed_build_leaves_nothing(here, workdir, tiny_disk, monkeypatch):
+    """A synthetic model built into a cache with no room: refused before anything loads; a build that fails all the
+    same (the disk filled meanwhile) leaves no temporary folder and names DSNB_CACHE."""
+    from dsnb.model import build_synthetic
+
+    (tiny_disk / "filler").write_bytes(b"x" * (2 * 2**20 - 300 * 1024))
+    monkeypatch.setenv("DSNB_CACHE", str(tiny_disk / "cache"))
+    code, err = here("check", "--offline")
+    assert code == 2 and "DSNB_CACHE" in err and "MB free but this run writes about" in err, err
+    place = tiny_disk / "cache" / "synthetic-v2"
+    with pytest.raises(ConfigError, match="could not build synthetic:tiny in .*No space left on device.*DSNB_CACHE"):
+        build_synthetic("tiny", str(place / "tiny"))
+    assert os.listdir(place) == []  # no .tiny-xxxx left behind
+
+
+def test_a_sweep_run_from_a_read_only_folder_is_refused_before_it_starts(here, workdir, read_only):
+    notebook = pathlib.Path(__file__).parents[1] / "notebooks" / "02_zero_stages.ipynb"
+    (workdir / "s.yaml").write_text(f"notebook: {notebook}\nvariants:\n  - {{run_name: a}}\n")
+    os.chdir(read_only)  # the sweep's folder (sweeps/s) would go here; left before the mount is undone
+    try:
+        code, err = here("sweep", "--offline", "-f", str(workdir / "s.yaml"), "--output_dir", str(workdir / "runs"),
+                         "--tracking_uri", f"sqlite:///{workdir}/mlflow.db")
+    finally:
+        os.chdir(workdir)
+    assert code == 2 and "the sweep's output folder (output_dir) sweeps/s" in err and "cannot be written to" in err
+    assert not (workdir / "mlflow.db").exists()
+
+
+def test_a_store_on_a_read_only_mount_can_be_read(here, workdir, read_only):
+    """save, export and notebook 03's table read a store where nothing can be written beside it (no lock file)."""
+    from dsnb.report import compare_table, find_runs
+
+    source = read_only.parent / "ro-source"  # the same folder, writable: the run is logged there
+    done = subprocess.run([sys.executable, "-m", "dsnb", "run", "--offline", "--max_steps", "1", "--eval_samples", "0",
+                           "--run_name", "kept"], cwd=source, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    uri = f"sqlite:///{read_only}/mlflow.db"
+    [run] = find_runs(uri, "DeepSpeed_Comparison")
+    assert compare_table([run]).loc["status", "kept"] == "FINISHED"
+    assert here("save", "--run_id", run.run_id, "-o", "saved", "--tracking_uri", uri)[0] == 0
+    assert (workdir / "saved").is_dir()
+    code, err = here("save", "--run_id", "0" * 32, "-o", "other", "--tracking_uri", uri)
+    assert code == 2 and f"run {'0' * 32} is not in {uri}" in err
+    assert here("export", "-o", "store.zip", "--tracking_uri", uri)[0] == 0
+
+
+def older_store(path: pathlib.Path, revision: str) -> None:
+    """A store as an older MLflow left it: every migration up to `revision`, none after."""
+    import sqlalchemy
+    from alembic import command
+    from mlflow.store.db.utils import InitialBase, _get_alembic_config
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    InitialBase.metadata.create_all(engine)
+    config = _get_alembic_config(f"sqlite:///{path}")
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+    engine.dispose()
+
+
+def test_a_store_of_another_schema_is_named_with_what_to_do(here, workdir):
+    """A store whose last migration was cut short (its alembic_version behind tables already made: what a kill during
+    creation leaves) is to be moved away; an older MLflow's whole store is to be upgraded, and then works."""
+    mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db").search_experiments()
+    with contextlib.closing(sqlite3.connect(workdir / "mlflow.db")) as con:
+        con.execute("UPDATE alembic_version SET version_num = 'b7e4c1a90f23'")
+        con.commit()
+    code, err = here("check", "--offline")
+    assert code == 2 and "creation was interrupted" in err and "mv mlflow.db mlflow.db.broken" in err, err
+    code, err = here("save", "--run_id", "0" * 32, "-o", "out")
+    assert code == 2 and "creation was interrupted" in err
+    (workdir / "mlflow.db").rename(workdir / "mlflow.db.broken")
+    older_store(workdir / "mlflow.db", "b7e4c1a90f23")
+    code, err = here("check", "--offline")
+    assert code == 2 and "of an older schema (b7e4c1a90f23" in err, err
+    command = err.split("upgrade it in place: ")[1]
+    assert command == f"cp mlflow.db mlflow.db.bak && mlflow db upgrade sqlite:///{workdir}/mlflow.db"
+    subprocess.run(command, shell=True, cwd=workdir, check=True, capture_output=True)
+    assert here("check", "--offline")[0] == 0

@@ -1,11 +1,16 @@
 """MLflow as users meet it: a real `mlflow server`, the zip export read back elsewhere, stale runs, no secrets."""
+import base64
+import http.server
 import os
+import pathlib
 import signal
 import socket
 import subprocess
 import json
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 import zipfile
 
@@ -52,6 +57,47 @@ def mlflow_server(tmp_path):
     yield url
     os.killpg(server.pid, signal.SIGTERM)
     server.wait(timeout=30)
+
+
+@pytest.fixture
+def guarded_server(mlflow_server):
+    """mlflow_server behind a proxy that answers 401 to every request without the basic-auth pair dsnb-user:SECRET
+    (MLflow's own basic-auth app needs Flask-WTF, which dsnb does not install)."""
+    expected = "Basic " + base64.b64encode(f"dsnb-user:{SECRET}".encode()).decode()
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def forward(self):
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "authorization")}
+            request = urllib.request.Request(mlflow_server + self.path, data=body if self.command != "GET" else None,
+                                             method=self.command, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=120) as reply:
+                    status, replied, data = reply.status, reply.headers, reply.read()
+            except urllib.error.HTTPError as e:
+                status, replied, data = e.code, e.headers, e.read()
+            self.send_response(status)
+            for key, value in replied.items():
+                if key.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = forward
+
+        def log_message(self, *args):
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    yield f"http://dsnb-user:{SECRET}@127.0.0.1:{proxy.server_address[1]}"
+    proxy.shutdown()
 
 
 def test_runs_logged_through_a_real_mlflow_server(workdir, mlflow_server):
@@ -151,6 +197,35 @@ def test_credentials_in_a_server_uri_pass_the_check_and_are_never_shown(workdir,
                    cwd=workdir)
     assert refused.returncode == 2 and "does not answer" in refused.stderr and SECRET not in refused.stderr
     assert "http://***@127.0.0.1:9" in refused.stderr
+
+
+def test_a_sweep_through_a_server_with_credentials_keeps_them_out_of_its_notebooks(workdir, mlflow_server,
+                                                                                  guarded_server):
+    """papermill writes every parameter into the executed notebook and its metadata: the kernel gets the URI without
+    its user and password, and those as MLflow's variables, with which it still reaches a server that demands them."""
+    notebook = pathlib.Path(__file__).parents[1] / "notebooks" / "02_zero_stages.ipynb"
+    (workdir / "sweep.yaml").write_text(f"notebook: {notebook}\nbase: {{max_steps: 1, num_samples: 16, "
+                                        "eval_samples: 0, save_model: false}\nvariants:\n  - {run_name: swept}\n")
+    done = dsnb("sweep", "-f", "sweep.yaml", "--offline", "--tracking_uri", guarded_server, cwd=workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert SECRET not in done.stdout + done.stderr
+    client = mlflow.MlflowClient(mlflow_server)
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "swept"
+    assert any(a.path.endswith(".ipynb") for a in client.list_artifacts(run.info.run_id))
+    client.download_artifacts(run.info.run_id, "", str(workdir / "downloaded"))
+    assert len(list(workdir.glob("sweeps/sweep/*.ipynb"))) == 1
+    assert searched_clean(workdir) > 5  # the executed notebook, its MLflow copy, the server's store
+
+
+def test_a_bench_through_a_server_with_credentials_writes_no_secret(workdir, guarded_server):
+    done = dsnb("bench", "--offline", "--only", "tutorial", "--repeats", "1", "--steps", "1", "--untimed", "1",
+                "--out", "results", "--tracking_uri", guarded_server, cwd=workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert SECRET not in done.stdout + done.stderr and "http://***@127.0.0.1" in done.stdout
+    result = json.loads((workdir / "results" / "cpu.json").read_text())
+    assert "--tracking_uri http://***@127.0.0.1" in result["command"]
+    assert searched_clean(workdir) > 3  # cpu.json, cpu.md, the server's store and artifacts
 
 
 def test_no_secret_from_the_environment_reaches_the_store(workdir):
