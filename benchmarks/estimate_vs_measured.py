@@ -13,7 +13,7 @@ from dsnb.data import build_dataset
 from dsnb.estimate import estimate_memory, tokens_per_micro_batch, trainable_params
 from dsnb.model import SHAPES, load_tokenizer
 
-VARIANTS = bench_variants()[1]  # variants/bench.yaml
+VARIANTS = bench_variants()[1]  # dsnb/bench.yaml
 FAST = VARIANTS["fast"]
 FULL = dict(quantization="none", lora_r=0, dtype="bf16", padding="longest", batch_size=8, grad_accum=1)
 CAP = dict(num_samples=200, dtype="bf16", padding="longest", batch_size=8, grad_accum=1)  # capacity_map.yaml's base

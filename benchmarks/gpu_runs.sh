@@ -46,9 +46,9 @@ dump() { python3 benchmarks/dump_runs.py "$DB" --tails "$OUT/tails_$1.txt" 2>/de
 own_arch() { echo "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST:-}'"
              export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1); }
 prebuild() { python3 -c "import sys; from dsnb.model import resolve_model; [resolve_model(m) for m in sys.argv[1:]]" "$@"; }
-# One bench variant (variants/bench.yaml) as `dsnb run` flags, with the bench's own: untimed and timed steps, a loss
+# One bench variant (dsnb/bench.yaml) as `dsnb run` flags, with the bench's own: untimed and timed steps, a loss
 # record a step, no model saved, no questions asked.
-bench_flags() { echo "-f variants/bench.yaml --variant $1 --untimed_steps $2 --max_steps $(($2 + $3)) --logging_steps 1" \
+bench_flags() { echo "-f dsnb/bench.yaml --variant $1 --untimed_steps $2 --max_steps $(($2 + $3)) --logging_steps 1" \
                      "--save_model false --eval_samples 0 --experiment dsnb_bench"; }
 B3=(--model synthetic:llama-3.2-3b --dataset synthetic --save_model false --tracking_uri "$DB")
 

@@ -21,18 +21,15 @@ from .config import OFFLINE, ConfigError, RunConfig, read_variants, redact
 from .launch import run_all
 from .tracking import RunResult
 
-# The bench's variants and the fields they share (variants/bench.yaml, beside the other variant sets; a clone of the
-# repository has it, and -f names another).
-BENCH_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "variants", "bench.yaml")
+# The bench's variants and the fields they share: a YAML file like the other variant sets, shipped in the package
+# (as the presets are) so an installed dsnb benches too; -f names another.
+BENCH_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.yaml")
 OFFLINE_MAX_BATCH = 16  # the offline set has 64 samples
 OFFLINE_ROWS = 5  # ... which fill 25 rows of 128 tokens: 5 full batches of filled rows
 
 
 def bench_variants(path: str = BENCH_FILE) -> tuple[dict, dict[str, dict]]:
     """(the fields every bench variant shares on a GPU, {name: its own fields}) from the bench's variants file."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"the bench's variants file {path} is not here: it comes with dsnb's repository "
-                          "(variants/bench.yaml); run from a clone, or give -f")
     return read_variants(path)
 
 

@@ -73,7 +73,7 @@ def variant_parser() -> argparse.ArgumentParser:
     """--variant, for the commands that run one variant of a file (run, check, compare)."""
     parser = Parser(add_help=False)
     parser.add_argument("--variant", default="", help="the variant to run where -f names a file of several "
-                        "(variants/bench.yaml)")
+                        "(dsnb/bench.yaml)")
     return parser
 
 
@@ -108,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--gpus", type=count(1), default=1, help="variants run side by side, one per GPU")
     bench.add_argument("--steps", type=count(1), default=10, help="timed optimizer steps")
     bench.add_argument("--only", default="", help="comma-separated variant names (default: all)")
-    bench.add_argument("-f", "--file", default=None, help="the bench's variants file (default: variants/bench.yaml "
+    bench.add_argument("-f", "--file", default=None, help="the bench's variants file (default: dsnb/bench.yaml "
                        "of dsnb's repository)")
     bench.add_argument("--out", default="bench_results", help="folder for <gpu>.json and .md (never overwritten)")
     bench.add_argument("--baseline", default="", help="a committed bench JSON: exit 1 where this run regressed "
@@ -194,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args) -> int:
-
     cfg = build_config(args)
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
@@ -243,7 +242,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_compare(args) -> int:
-
     cfg = build_config(args)
     results = compare(cfg)
     print(format_table(compare_table(results)))
@@ -253,7 +251,6 @@ def cmd_compare(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-
     if not args.file:
         raise ConfigError("sweep needs -f <sweep.yaml>, for example variants/sweep_zero_stages.yaml")
     results = run_sweep(args.file, offline=args.offline or offline_requested(), overrides=flag_overrides(args))
@@ -265,7 +262,6 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_bench(args) -> int:
-
     path = args.file or BENCH_FILE
     names = list(bench_variants(path)[1])
     only = [n for n in args.only.split(",") if n]
@@ -312,7 +308,6 @@ def read_baseline(path: str) -> dict:
 
 
 def cmd_capacity(args) -> int:
-
     if not args.file:
         raise ConfigError("capacity needs -f <capacity.yaml>, for example variants/capacity_map.yaml")
     table, fastest, _ = run_capacity(args.file, args.offline or offline_requested(), args.gpus, flag_overrides(args),
@@ -323,7 +318,6 @@ def cmd_capacity(args) -> int:
 
 
 def cmd_save(args) -> int:
-
     token = args.token or os.environ.get("HF_TOKEN", "")
     check_output_folder(args.output, "-o", empty=True)  # everything the command needs, before anything is written
     if args.push_to:
@@ -337,6 +331,8 @@ def cmd_save(args) -> int:
             raise ConfigError(f"run {args.run_id} is not in {args.tracking_uri} ({describe(e)}); python -m dsnb ui "
                               "shows the runs it holds") from None
         raise ConfigError(f"could not read run {args.run_id} from {args.tracking_uri} ({describe(e)})") from None
+    except OSError as e:  # the store's files (a folder that cannot be read, a disk error)
+        raise ConfigError(f"could not read run {args.run_id} from {args.tracking_uri} ({describe(e)})") from None
     folder = save_model(result, args.output, args.merge)
     print(f"wrote {folder}" + (" (merged)" if args.merge else ""))
     if args.push_to:
@@ -345,13 +341,11 @@ def cmd_save(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-
     prepare()
     return 0
 
 
 def cmd_export(args) -> int:
-
     path = export_store(args.tracking_uri, args.output)
     print(f"wrote {path}; unzip it and run `mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1` in "
           "that folder")
@@ -359,7 +353,6 @@ def cmd_export(args) -> int:
 
 
 def cmd_ui(args) -> int:
-
     print(ui_command(existing_store(args.tracking_uri)))
     print("This binds to 127.0.0.1 only: the MLflow UI has no login. Reach it from elsewhere through an SSH tunnel.")
     return 0

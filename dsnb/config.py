@@ -190,10 +190,11 @@ class RunConfig:
     """A file the compiled loop writes its last untimed step's profile to (top kernels, host against GPU time), logged
     with the run; empty for none. Needs torch_compile true."""
     phase_times: bool = False
-    """Time each optimizer step's phases with DeepSpeed's own timers (forward, backward, its gradient reduction, the
-    optimizer step, offload included), logged as medians over the timed steps (phase_*_ms): where a multi-GPU run's
-    time goes. They synchronize the device at each phase, so they cost a little speed: off unless asked. Needs a zero
-    strategy."""
+    """Time each optimizer step's phases with DeepSpeed's own timers (forward, backward, the gradient reduction left
+    after the backward: with overlap_comm, as dsnb sets it on several GPUs and at ZeRO-3, most of it runs during the
+    backward; the optimizer step, offload included), logged as medians over the timed steps (phase_*_ms): where a
+    multi-GPU run's time goes. They synchronize the device at each phase, so they cost a little speed, and DeepSpeed
+    prints them at every step (in the run's log): off unless asked. Needs a zero strategy."""
     memory_budget_gb: float = 0.0
     """Cap on this run's GPU memory in GB (15 for a T4, 22 for an L4); 0 means the whole GPU."""
     ram_budget_gb: float = 0.0
@@ -547,7 +548,7 @@ def read_fields(path: str) -> dict:
 
 
 def read_variants(path: str) -> tuple[dict, dict[str, dict]]:
-    """A file of named variants (variants/bench.yaml): (base, {name: fields}), every name's fields checked; the
+    """A file of named variants (dsnb/bench.yaml): (base, {name: fields}), every name's fields checked; the
     fields a variant runs with are base's, then its own."""
     spec = read_yaml(path)
     unknown = sorted(set(spec) - {"base", "variants"}, key=str)

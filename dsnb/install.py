@@ -76,17 +76,25 @@ def versions() -> dict[str, str]:
     import importlib
 
     importlib.invalidate_caches()
-    return {norm(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    found: dict[str, str] = {}
+    for d in metadata.distributions():  # in sys.path order: the first of a name is the one Python imports
+        if d.metadata["Name"]:
+            found.setdefault(norm(d.metadata["Name"]), d.version)
+    return found
 
 
-def pip_install(install: list[str], pins: list[str]) -> int:
+def pip_install(install: list[str], pins: list[str]) -> tuple[int, bool]:
+    """(pip's exit code, whether it failed because the pins conflict), pip's messages passed on."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write("\n".join(pins) + "\n")
     try:
-        return subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                               "-c", f.name, *install]).returncode
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                               "-c", f.name, *install], capture_output=True, text=True)
     finally:
         os.remove(f.name)
+    print(done.stdout + done.stderr, end="", flush=True)
+    conflict = "ResolutionImpossible" in done.stderr or "conflicting dependencies" in done.stderr
+    return done.returncode, conflict
 
 
 def main(argv: list[str]) -> int:
@@ -95,11 +103,15 @@ def main(argv: list[str]) -> int:
     install, everything, own = plan(requirements(read_only))
     print(f"dsnb setup: every installed package kept as it is ({len(everything)}), {len(install)} to install: "
           f"{', '.join(install) or 'none'}", flush=True)
-    if install and pip_install(install, everything):
-        print("dsnb setup: not installable beside every installed package as it is; again with only dsnb's own "
-              "requirements and torch kept (pip may change other packages)", flush=True)
+    code, conflict = pip_install(install, everything) if install else (0, False)
+    if code and not conflict:
+        print(f"dsnb setup: pip could not install {', '.join(install)} (its message is above)", flush=True)
+        return 1
+    if code:
+        print("dsnb setup: not installable beside every installed package as it is (the versions conflict); again with "
+              "only dsnb's own requirements and torch kept (pip may change other packages)", flush=True)
         before = versions()
-        if pip_install(install, own):
+        if pip_install(install, own)[0]:
             print(f"dsnb setup: pip could not install {', '.join(install)} (its message is above)", flush=True)
             return 1
         after = versions()

@@ -315,7 +315,8 @@ def sum_over_ranks(values: list) -> list:
 # The one rule for whether a measured run fits a budget (the capacity map's cells, report.best_for_budget).
 STATES = ("fits", "tight", "no", "no RAM", "failed")
 RULES = """Against a budget of B GB a run:
-- fits where its NVML peak (all it took from the GPU: CUDA context and allocator cache included) is at most B;
+- fits where its NVML peak (all it took from the GPU: CUDA context and allocator cache included; the allocator's
+  peak where NVML was not read) is at most B;
 - no where its tensors alone (the allocator's peak) exceed B;
 - tight in between: it fits only if the caching allocator gives memory back. Settle it with
   `python -m dsnb run ... --memory_budget_gb B`, which ends FAILED (failure=oom) if it does not fit;
@@ -346,7 +347,11 @@ def fit(status: str, metrics: dict, budget: Budget) -> str:
     host = metrics.get("peak_cpu_anon_mb", metrics.get("peak_cpu_rss_mb", 0))  # RSS where no anonymous peak was read
     if budget.ram_gb and host > budget.ram_gb * 1024:
         return "no RAM"
-    taken = metrics.get("peak_gpu_nvml_mb") or metrics.get("peak_gpu_allocated_mb", 0)  # NVML where it was read
-    if taken <= budget.gpu_gb * 1024:
+    if gpu_taken_mb(metrics) <= budget.gpu_gb * 1024:
         return "fits"
     return "no" if metrics.get("peak_gpu_allocated_mb", 0) > budget.gpu_gb * 1024 else "tight"
+
+
+def gpu_taken_mb(metrics: dict) -> float:
+    """What a run took from the GPU: its NVML peak where it was read, else the allocator's."""
+    return metrics.get("peak_gpu_nvml_mb") or metrics.get("peak_gpu_allocated_mb", 0)

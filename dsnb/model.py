@@ -39,6 +39,7 @@ SHAPES = {
 TOKENIZER_VOCAB = 420  # gives ~43 tokens a prompt, near the ~39 of the real model on SQuAD; vocab_size 0 above = this
 SYNTHETIC_VERSION = 2  # bump when SHAPES, the tokenizer or its text change, so cached builds are not reused
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DOWNLOAD_POLL_S = 2.0  # how often a download's bytes are looked at (fetch)
 
 
 def cache_dir() -> str:
@@ -100,7 +101,7 @@ def fetch(name: str, say) -> None:
 
     def watch():  # the blobs folder grows as each file arrives (.incomplete until whole): a 5 GB shard shows too
         told = 0
-        while not stop.wait(2):
+        while not stop.wait(DOWNLOAD_POLL_S):
             done = folder_bytes(blobs) - at_start
             if total and done * 10 // total > told:
                 told = done * 10 // total
@@ -176,8 +177,10 @@ def built_whole(path: str, what: str):
         if not os.path.isdir(path):  # else another process finished first
             os.replace(tmp, path)
     except (OSError, SafetensorError) as e:
-        raise ConfigError(f"could not build {what} in {folder} ({describe(e)}); free space there, or set DSNB_CACHE "
-                          "to a folder with room") from None
+        fix = "free space there" if "No space left" in str(e) or getattr(e, "errno", None) == 28 else \
+            "make it writable"
+        raise ConfigError(f"could not build {what} in {folder} ({describe(e)}); {fix}, or set DSNB_CACHE to another "
+                          "folder") from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -14,7 +14,7 @@ import io
 
 from .config import WORK_FIELDS
 from .data import eval_task
-from .metrics import Budget, fit
+from .metrics import Budget, fit, gpu_taken_mb
 from .tracking import RunResult, existing_store, mlflow_client, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
@@ -474,7 +474,7 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
     included, at most the budget)."""
     loaded, fits, budget = load_runs(runs), [], Budget(memory_budget_gb)
     for name, run in zip(_names(loaded), loaded, strict=True):
-        peak = run.data.metrics.get("peak_gpu_nvml_mb") or run.data.metrics.get("peak_gpu_allocated_mb", 0)
+        peak = gpu_taken_mb(run.data.metrics)
         if fit(run.info.status, run.data.metrics, budget) == "fits":
             fits.append((run.data.metrics.get("samples_per_second", 0), name, peak))
     if not fits:

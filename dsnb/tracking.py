@@ -395,7 +395,8 @@ def export_store(tracking_uri: str, dest: str) -> str:
 def export_error(error: Exception, db: str, dest: str) -> ConfigError:
     """What stopped an export: a store that cannot be read, or dest that cannot be written (a full disk; SQLite says
     so while it copies the store beside dest)."""
-    if isinstance(error, sqlite3.DatabaseError) and getattr(error, "sqlite_errorname", "") != "SQLITE_FULL":
+    full_disk = getattr(error, "sqlite_errorname", "") == "SQLITE_FULL" or "disk is full" in str(error)  # 3.10 lacks
+    if isinstance(error, sqlite3.DatabaseError) and not full_disk:  # the error name
         return ConfigError(f"{db} is not a readable MLflow store ({describe(error)}); nothing was exported")
     full = "No space left on device: " if isinstance(error, sqlite3.DatabaseError) else ""
     return ConfigError(f"could not write {dest} ({full}{describe(error)}); free space there or give -o another place")

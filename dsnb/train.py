@@ -126,7 +126,7 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     if p.cuts[0]:
         lines.append(f"note: max_length {cfg.max_length} cuts the end of {p.cuts[0]} passages (training and held-out), "
                      f"{p.cuts[1]} of them before their answer; raise max_length to keep them whole")
-    lines += time_lines(cfg, p, p.world)
+    lines += time_lines(cfg, p)
     if cfg.max_steps and cfg.untimed_steps >= cfg.max_steps:
         lines.append(f"note: untimed_steps {cfg.untimed_steps} leaves none of the {cfg.max_steps} steps timed, so the "
                      "throughput covers every step, start-up included (throughput_includes_startup 1); raise max_steps")
@@ -136,18 +136,15 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     return "\n".join(lines)
 
 
-def time_lines(cfg: RunConfig, p: Plan, world: int = 1, gpus: list[str] | None = None) -> list[str]:
-    """The expected time on this GPU (and, under the colab_t4 preset, on a T4), or on `gpus` (timing.GPUS), with
-    faster settings where the notebook's pair would run for more than an hour; nothing on the CPU, where no rate is
-    calibrated."""
+def time_lines(cfg: RunConfig, p: Plan) -> list[str]:
+    """The expected time on this GPU (and, under the colab_t4 preset, on a T4), with faster settings where the
+    notebook's pair would run for more than an hour; nothing on the CPU, where no rate is calibrated."""
+    here, world = None, p.world
+    if preflight.pick_device() != "cpu":
+        import torch
 
-    if gpus is None:
-        here = None
-        if preflight.pick_device() != "cpu":
-            import torch
-
-            here = gpu_class(torch.cuda.get_device_name())
-        gpus = list(dict.fromkeys([g for g in (here, "T4" if cfg.preset == "colab_t4" else None) if g]))
+        here = gpu_class(torch.cuda.get_device_name())
+    gpus = list(dict.fromkeys([g for g in (here, "T4" if cfg.preset == "colab_t4" else None) if g]))
     lines = []
     for gpu in gpus:
         est = time_estimate(cfg, p.lengths, p.config, p.trainable, world, gpu, p.samples)

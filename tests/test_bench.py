@@ -44,7 +44,7 @@ def test_a_variants_file_with_a_wrong_shape_is_named(tmp_path):
         with pytest.raises(ConfigError, match=message):
             bench_variants(str(tmp_path / name)) if name != "plain.yaml" else build_config(
                 parser().parse_args(["check", "-f", str(tmp_path / name), "--variant", "a"]))
-    with pytest.raises(ConfigError, match="comes with dsnb's repository"):
+    with pytest.raises(ConfigError, match="missing.yaml' does not exist"):
         bench_variants(str(tmp_path / "missing.yaml"))
 
 
@@ -63,3 +63,20 @@ def test_bench_regressions_are_named():
     assert regressions(result(1.2), committed) == ["fast: 1.20x the tutorial's recipe, committed 2.60x"]
     assert regressions(result(2.6, finished=2), committed) == ["fast: 2/3 runs finished"]
     assert "tutorial pair took 400 s" in regressions(result(2.6, pair=(200, 200)), committed)[0]
+
+
+@pytest.mark.integration
+def test_an_installed_dsnb_carries_its_bench_and_presets(tmp_path):
+    """The wheel pip builds from the repository (as the Colab setup cell installs it) holds the bench's variants and
+    the presets, so `python -m dsnb bench` and `--preset` work outside a clone."""
+    import pathlib
+    import subprocess
+    import sys
+    import zipfile
+
+    root = pathlib.Path(__file__).parent.parent
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                           str(tmp_path), str(root)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = set(zipfile.ZipFile(next(tmp_path.glob("dsnb-*.whl"))).namelist())
+    assert {"dsnb/bench.yaml", "dsnb/presets/colab_t4.yaml", "dsnb/presets/quality.yaml"} <= names

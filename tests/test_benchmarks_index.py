@@ -75,6 +75,7 @@ def test_every_result_file_is_indexed_and_every_link_of_the_index_exists():
 def test_the_index_has_a_current_summary_that_cites_its_sources():
     rows = citing_rows(INDEX)
     assert len(rows) >= 10, "benchmarks/README.md's current H200 summary (variant, samples/s, peak allocated, source)"
+    assert len(citing_rows(ROOT / "README.md")) >= 8, "README.md's headline results, each citing its file"
 
 
 @pytest.mark.parametrize("page, header, row", citing_rows(INDEX) + citing_rows(ROOT / "README.md"))

@@ -114,10 +114,6 @@ def test_every_shipped_variant_file_loads_and_names_its_command(path):
         budgets, cells = load_capacity(str(path))
         assert budgets and len(cells) >= 2
         assert all(cfg.model == model for model, _, cfg in cells)
-    elif "bench" in first:
-        from dsnb.bench import bench_configs
-
-        assert len(bench_configs(False, 1, 1, "sqlite:///x.db", str(path))) >= 2  # every variant a valid config
     else:
         RunConfig.from_yaml(str(path))
 

@@ -86,6 +86,7 @@ def test_a_hub_download_reports_its_bytes_while_one_large_file_arrives(tmp_path,
     from dsnb import model as model_module
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(model_module, "DOWNLOAD_POLL_S", 0.05)  # a busy machine's late thread still sees the file grow
     blobs = tmp_path / "models--owner--big" / "blobs"
     files = [SimpleNamespace(rfilename="config.json", size=100), SimpleNamespace(rfilename="model.safetensors",
                                                                                  size=10_000_000)]

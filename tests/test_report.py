@@ -113,7 +113,10 @@ def test_the_best_run_for_a_budget_follows_the_capacity_maps_rule(workdir):
                                                 "peak_gpu_nvml_mb": 16_000.0})
     slow_fits = logged(workdir, "slow_fits", {"samples_per_second": 3.0, "peak_gpu_allocated_mb": 9_000.0,
                                               "peak_gpu_nvml_mb": 10_000.0})
-    assert best_for_budget([fast_tight, slow_fits], 15).startswith("Fastest within 15 GB: slow_fits (3 samples/s")
+    failed = logged(workdir, "failed_fastest", {"samples_per_second": 99.0, "peak_gpu_allocated_mb": 1_000.0})
+    mlflow_client(failed.tracking_uri).set_terminated(failed.run_id, status="FAILED")  # a run that failed is no pick
+    pick = best_for_budget([fast_tight, slow_fits, failed], 15)
+    assert pick.startswith("Fastest within 15 GB: slow_fits (3 samples/s"), pick
     assert best_for_budget([fast_tight, slow_fits], 16).startswith("Fastest within 16 GB: fast_tight")
     assert best_for_budget([fast_tight], 9) == "No finished run fits in 9 GB."
 

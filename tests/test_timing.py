@@ -50,7 +50,7 @@ def comparison():
 
 def test_the_estimate_keeps_its_floor_against_every_committed_h200_run(comparison):
     """Over benchmarks/results/h200_runs and the results files, estimated against measured seconds per step. The
-    floors are what the model meets now (out of sample: 50 of 57 within 2x, median error 17%); a model that loses a
+    floors are what the model meets now (out of sample: 50 of 58 within 2x, median error 17%); a model that loses a
     term (ZeRO-3's fetch, the offloaded optimizer, the per-layer floor) falls below them."""
     _, rows = comparison
     ratios = {True: [], False: []}
