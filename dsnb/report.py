@@ -22,6 +22,7 @@ METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second"
            "train_loss", "peak_gpu_allocated_mb", "peak_gpu_reserved_mb", "peak_gpu_nvml_mb", "peak_cpu_rss_mb",
            "samples_per_second", "tokens_per_second", "mfu", "eval_exact_match_before", "eval_exact_match", "eval_f1",
            "eval_tokens_per_second", "recall_exact_match", "host_other_cores"]
+NO_RATIO = {"host_other_cores"}  # the machine's load while a run was timed: a caveat beside it, not its property
 ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
 BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (at least, and share of the machine's)
 # and the hypervisor's share above which a run's speed is called unreliable
@@ -77,7 +78,9 @@ def _number(value: float) -> str:
 
 def compare_table(runs: list[RunResult]):
     """Metrics as rows, variants as columns (a variant's repeats pooled: median [min-max]), and each variant's
-    ratio of medians to the first, marked where it is within the run-to-run spread."""
+    ratio of medians to the first, marked where it is within the run-to-run spread. A metric no run recorded (the
+    recall scores of runs that read the passage) has no row; the host's load is the machine's, not the variant's,
+    so it has no ratio."""
     import pandas as pd
 
     loaded = load_runs(runs)
@@ -95,11 +98,13 @@ def compare_table(runs: list[RunResult]):
         cells = ["", ""]
         for key in METRICS:
             a, b = summary(groups[name], key), summary(groups[names[0]], key)
-            cells.append(_ratio(a, b, min(len(groups[name]), len(groups[names[0]]))) if a and b and b[0] else "")
+            ratio = a and b and b[0] and key not in NO_RATIO
+            cells.append(_ratio(a, b, min(len(groups[name]), len(groups[names[0]]))) if ratio else "")
         columns[f"{name} / {names[0]}"] = cells
     tasks = eval_tasks(loaded)
     index = [f"{key} ({tasks})" if key.startswith("eval_exact") or key == "eval_f1" else key for key in METRICS]
-    return pd.DataFrame(columns, index=["status", "runs"] + index)
+    table = pd.DataFrame(columns, index=["status", "runs"] + index)
+    return table[(table != "").any(axis=1)]
 
 
 def eval_tasks(loaded: list) -> str:

@@ -138,3 +138,15 @@ def test_untimed_steps_beyond_the_run_say_the_throughput_includes_start_up():
         figures = timer.throughput(gather=False)
         assert figures["throughput_includes_startup"] == startup, (untimed, figures)
         assert figures["timed_steps"] == (1 if untimed == 1 else 2)
+
+
+def test_the_table_shows_what_was_recorded_and_no_ratio_of_the_machines_load(workdir):
+    """A metric no run recorded has no row (the recall scores of runs that read the passage), and the host's load is
+    shown beside each variant but never as a ratio (one near-zero reading over another is no finding)."""
+    from dsnb.report import compare_table
+
+    a = logged(workdir, "a", {"samples_per_second": 10.0, "host_other_cores": 1e-12, "eval_exact_match": 0.5})
+    b = logged(workdir, "b", {"samples_per_second": 8.0, "host_other_cores": 0.03, "eval_exact_match": 0.5})
+    table = compare_table([a, b])
+    assert "recall_exact_match" not in table.index and "host_other_cores" in table.index
+    assert table.loc["host_other_cores", "b / a"] == "" and table.loc["samples_per_second", "b / a"] == "0.80x"
