@@ -17,13 +17,12 @@ import io
 import math
 import os
 
-from .config import ConfigError, RunConfig, read_yaml
+from .config import ConfigError, RunConfig, read_variants
 from .launch import run_all
 from .metrics import RULES, STATES, Budget, fit
 from .preflight import check_output_folder
 from .tracking import RunResult, mlflow_client
 
-KEYS = {"models", "budgets_gb", "base", "variants", "skip"}
 def budgets_of(value, path: str) -> list[Budget]:
     """budgets_gb: a list of GPU sizes in GB, or {name, gpu_gb, ram_gb} mappings for a whole machine."""
     if not isinstance(value, list) or not value:
@@ -47,17 +46,11 @@ def load_capacity(path: str, offline: bool = False, overrides: dict | None = Non
 
     only: comma-separated variant names and/or models (synthetic:llama-3.2-1b or llama-3.2-1b) to keep.
     """
-    spec = read_yaml(path)
-    unknown = sorted(set(spec) - KEYS, key=str)
-    if unknown:
-        raise ConfigError(f"{path}: {unknown[0]} is not a capacity key; use {', '.join(sorted(KEYS))}")
-    models, variants, skip = spec.get("models"), spec.get("variants"), spec.get("skip") or []
+    base, variants, spec = read_variants(path, ("models", "budgets_gb", "skip"), "capacity file")
+    models, skip = spec.get("models"), spec.get("skip") or []
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models) or \
-            not isinstance(variants, dict) or not variants or not all(isinstance(v, str) for v in variants):
-        raise ConfigError(f"{path}: needs models (a list of names) and variants (name: fields), each non-empty")
-    if not all(isinstance(f, dict) or f is None for f in variants.values()) or \
-            not isinstance(spec.get("base") or {}, dict) or not isinstance(skip, list):
-        raise ConfigError(f"{path}: base and each variant must be field: value mappings, skip a list")
+            not isinstance(skip, list):
+        raise ConfigError(f"{path}: needs models (a non-empty list of names), and skip, if given, a list")
     twice = next((m for i, m in enumerate(models) if m in models[:i]), None)
     if twice is not None:
         raise ConfigError(f"{path}: models entry {twice!r} is given twice; list each model once")
@@ -75,8 +68,7 @@ def load_capacity(path: str, offline: bool = False, overrides: dict | None = Non
             if f"{model} {name}" in skip or wanted_variants and name not in wanted_variants or \
                     wanted_models and not {model, model.split(":")[-1]} & wanted_models:
                 continue
-            cells.append((model, name, cell_config(path, model, name, [spec.get("base") or {}, fields or {},
-                                                                       overrides or {}], offline)))
+            cells.append((model, name, cell_config(path, model, name, [base, fields, overrides or {}], offline)))
     return budgets, cells
 
 

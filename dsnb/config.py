@@ -547,13 +547,14 @@ def read_fields(path: str) -> dict:
     return values
 
 
-def read_variants(path: str) -> tuple[dict, dict[str, dict]]:
-    """A file of named variants (dsnb/bench.yaml): (base, {name: fields}), every name's fields checked; the
-    fields a variant runs with are base's, then its own."""
+def read_variants(path: str, extra: tuple = (), kind: str = "variants file") -> tuple[dict, dict[str, dict], dict]:
+    """A file of named variants (dsnb/bench.yaml; a capacity file, whose `extra` keys its reader checks): (base,
+    {name: fields}, the whole file), every name's fields checked; a variant runs with base's fields, then its own."""
     spec = read_yaml(path)
-    unknown = sorted(set(spec) - {"base", "variants"}, key=str)
+    unknown = sorted(set(spec) - {"base", "variants", *extra}, key=str)
     if unknown:
-        raise ConfigError(f"{path}: {unknown[0]} is not a key of a variants file; use base and variants")
+        keys = ", ".join(["base", "variants", *extra])
+        raise ConfigError(f"{path}: {unknown[0]} is not a key of a {kind}; use {keys}")
     base, variants = spec.get("base") or {}, spec.get("variants")
     if not isinstance(base, dict) or not isinstance(variants, dict) or not variants or not all(
             isinstance(name, str) and isinstance(fields or {}, dict) for name, fields in variants.items()):
@@ -564,7 +565,7 @@ def read_variants(path: str) -> tuple[dict, dict[str, dict]]:
             check_names(fields)
         except ConfigError as e:
             raise ConfigError(f"{path}: {name}: {e}") from None
-    return base, variants
+    return base, variants, spec
 
 
 def read_variant(path: str, name: str | None) -> dict:
@@ -574,7 +575,7 @@ def read_variant(path: str, name: str | None) -> dict:
         if name:
             raise ConfigError(f"--variant {name}: {path} holds one variant's fields, not named variants")
         return read_fields(path)
-    base, variants = read_variants(path)
+    base, variants, _ = read_variants(path)
     if name not in variants:
         raise ConfigError(f"{path} holds several variants: pick one with --variant ({', '.join(variants)})"
                           if not name else f"--variant {name} is not in {path}; use {', '.join(variants)}")

@@ -199,7 +199,7 @@ def time_estimate(cfg: RunConfig, lengths: list[int], config, trainable: int, wo
     source = "dsnb's compiled loop on the H200 (per-layer floor, 45% of the GPU's peak)" if cfg.torch_compile else \
         "the HF Trainer on the H200 (per-layer floor, the weights trained and moved)"
     source += {"H200": "", "T4": " and the tutorial's T4 runs"}.get(gpu, ", scaled by datasheet peaks")
-    return {"gpu": gpu, "world": world, "steps": steps, "step_seconds": step, "step_parts": parts,
+    return {"gpu": gpu, "steps": steps, "step_seconds": step,
             "train_seconds": steps * step, "answer_seconds": answers, "load_seconds": load,
             "compile_seconds": compiling, "seconds": steps * step + answers + load + compiling,
             "micro_batch_tokens": tokens, "padding_share": 1 - real / tokens if tokens else 0.0, "source": source,
