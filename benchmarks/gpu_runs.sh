@@ -3,7 +3,8 @@
 #   OUT=out bash benchmarks/gpu_runs.sh bench        # dsnb bench, variants side by side on every GPU
 #   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone from cold compile caches, with a
 #                                                    # profiled step (REPEATS=2 HINTS=0 PROFILE=0 ROWS=32: 2
-#                                                    # repeats, no perf-hints or profiled run, 32 rows a step)
+#                                                    # repeats, no perf-hints or profiled run, 32 rows a step;
+#                                                    # the bench's: 12 rows of 1024 tokens)
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
@@ -22,6 +23,8 @@
 #                                                    # BATCH=16 another micro-batch per GPU; PHASES=1 DeepSpeed's
 #                                                    # per-phase timers, to explain a scaling above 100%)
 #   OUT=out bash benchmarks/gpu_runs.sh scale4       # 8B full fine-tuning on 1, 2 and 4 GPUs, ZeRO-2/3, phase timers
+#   OUT=out bash benchmarks/gpu_runs.sh rows         # the throughput mode's rows: 24x512, 12x1024, 6x2048 tokens;
+#                                                    # 24x512 on the closed-book prompt (each a cold compile)
 #   OUT=out bash benchmarks/gpu_runs.sh zerographs   # compiled LoRA: no DeepSpeed, ZeRO-2 with DeepSpeed's host syncs on
 #                                                    # and off, ZeRO-1 without gradient hooks (VARIANTS: some of them)
 #   OUT=out bash benchmarks/gpu_runs.sh graphscheck  # compiled steps with CUDA graphs and without at grad_accum 2
@@ -61,16 +64,17 @@ bench)
   dump bench
   ;;
 throughput)  # the throughput mode alone, each repeat a fresh process with a cold compile cache (as a user's first run),
-  # one at a time (compiling beside a timed run would slow it); ROWS: rows of 512 tokens a step (24, the bench's)
+  # one at a time (compiling beside a timed run would slow it); ROWS: another count of rows a step (the bench's: 12
+  # of 1024 tokens)
   prebuild synthetic:llama-3.2-3b
   for rep in $(seq "${REPEATS:-3}"); do
     TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cold_$rep timeout 200 python3 -m dsnb run \
-      $(bench_flags throughput_compiled 8 12) --batch_size "${ROWS:-24}" --tracking_uri "$DB" \
-      --run_name "throughput_compiled_rows${ROWS:-24}_cold$rep" > "$OUT/throughput_cold$rep.log" 2>&1
+      $(bench_flags throughput_compiled 8 12) ${ROWS:+--batch_size $ROWS} --tracking_uri "$DB" \
+      --run_name "throughput_compiled_cold$rep" > "$OUT/throughput_cold$rep.log" 2>&1
     echo "cold repeat $rep exit $?: $(grep -E '^  speed' "$OUT/throughput_cold$rep.log")"
   done
   [ "${PROFILE:-1}" = 0 ] || timeout 200 python3 -m dsnb run $(bench_flags throughput_compiled 8 2) \
-    --batch_size "${ROWS:-24}" --profile "$OUT/profile_throughput_compiled.txt" --tracking_uri "$DB" \
+    ${ROWS:+--batch_size $ROWS} --profile "$OUT/profile_throughput_compiled.txt" --tracking_uri "$DB" \
     --run_name profiled > "$OUT/profiled.log" 2>&1
   [ "${HINTS:-1}" = 1 ] || { dump throughput; continue; }  # HINTS=0: no perf-hints run
   # Why a step does or does not run as CUDA graphs: inductor's perf hints name each skipped graph and the reason.
@@ -295,8 +299,21 @@ deepcompile)  # full fine-tuning of the 3B shape under compiled ZeRO-3: plain to
   done
   dump deepcompile
   ;;
+rows)  # the throughput mode's rows from a cold compile cache each: 24 rows of 512 tokens on the default passage prompt
+  # (as the throughput stage), 12 of 1024 and 6 of 2048 (the same tokens a step, rows fuller: fewer tails left empty),
+  # and 24 of 512 on the closed-book eos prompt, whose shorter samples the 50% MFU was first measured on
+  prebuild synthetic:llama-3.2-3b
+  for v in ${VARIANTS:-rows512 rows1024 rows2048 eos512}; do
+    case $v in rows*) len=${v#rows} prompt=passage ;; eos*) len=${v#eos} prompt=eos ;; esac
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cold_$v timeout "${LIMIT:-170}" python3 -m dsnb run \
+      $(bench_flags throughput_compiled 8 12) --max_length "$len" --batch_size $((24 * 512 / len)) --prompt "$prompt" \
+      --tracking_uri "$DB" --experiment dsnb_rows --run_name "$v" > "$OUT/$v.log" 2>&1
+    echo "$v exit $?: $(grep -E '^dsnb: [0-9]+ samples|s a step after|^  speed' "$OUT/$v.log" | tr '\n' ' ')"
+  done
+  dump rows
+  ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|zerographs|graphscheck|deepcompile [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|zerographs|graphscheck|deepcompile|rows [more]" >&2
   exit 2
   ;;
 esac

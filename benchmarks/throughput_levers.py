@@ -7,8 +7,9 @@ LEVER is one of:
            attention with SDPA through the block-diagonal mask transformers builds from the restarting position ids
   flex     base with attention flex: transformers' packed-sequence BlockMask, built inside the compiled graph, so the
            128 x 128 blocks where no sample meets another are skipped
-  filled   the bench's throughput_compiled now: flex, and 24 rows a step filled before training with as many samples
-           as fit (padding filled), instead of 256 samples packed into the rows a batch needs (92% real tokens)
+  filled   the bench's throughput_compiled as it was measured here: flex, and 24 rows of 512 tokens a step filled
+           before training with as many samples as fit (padding filled), instead of 256 samples packed into the rows a
+           batch needs (92% real tokens); the bench now fills 12 rows of 1024 (gpu_runs.sh rows measures row lengths)
   nodrop   filled with LoRA dropout 0 instead of the tutorial's 0.05 (its random masks are elementwise work)
   cdt      base with inductor's coordinate-descent tuning of its Triton kernels (norms, rotary, SiLU)
   rows256  base with rows of 256 tokens (attention per token halves; more of each row is tail padding)
@@ -35,7 +36,8 @@ def main() -> None:
     p.add_argument("--offline", action="store_true")
     a = p.parse_args()
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
-    cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
+    cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers",
+                      max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24)
     if a.lever in ("base", "flex", "cdt", "rows256"):  # 256 samples a step (offline 16), packed as a batch needs
         cfg = cfg.replace(padding="packed", batch_size=16 if a.offline else 256, num_samples=64 if a.offline else 1024,
                           attention="flex" if a.lever == "flex" else "sdpa")

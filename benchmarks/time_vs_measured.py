@@ -27,16 +27,19 @@ RUNS = os.path.join(ROOT, "benchmarks/results/h200_runs/")
 BENCH = bench_configs(False, 8, 24, "sqlite:///unused.db")  # the bench's variants on the GPU (3B shape)
 STEPS = {"bench.jsonl": 3 + 6, "speed.jsonl": 4 + 8, "colab.jsonl": 4 + 8, "fast.jsonl": 8 + 24,  # each stage's
          "throughput.jsonl": 8 + 12, "throughput_levers.jsonl": 8 + 12, "deepcompile.jsonl": 8 + 16,  # untimed + timed
-         "zero_flat.jsonl": 8 + 24, "zero_flat_full.jsonl": 8 + 24, "graphscheck.jsonl": 8 + 24}  # bench steps
+         "zero_flat.jsonl": 8 + 24, "zero_flat_full.jsonl": 8 + 24, "graphscheck.jsonl": 8 + 24,  # bench steps
+         "throughput_cold.jsonl": 8 + 12, "throughput_rows.jsonl": 8 + 12}
 B3 = dict(model="synthetic:llama-3.2-3b", dataset="synthetic")
 # gpu_runs.sh colab/last: the fast recipe in fp16 as a T4 runs it (colab_t4 then set fp16 and the caps only)
 T4 = RunConfig(**B3, dtype="fp16", quantization="none", padding="bucket", batch_size=8, grad_accum=1, max_steps=40,
                eval_samples=0)
 NB01 = RunConfig(**B3, max_steps=16, eval_samples=16)  # notebook 01 under colab_t4 then: the tutorial's recipe, pad 512
+NB01_T4 = RunConfig.layered(dict(B3, preset="colab_t4", max_steps=20, eval_samples=16))  # gpu_runs.sh notebook01
 FULL = RunConfig(**B3, quantization="none", lora_r=0, dtype="bf16", padding="longest", batch_size=8, grad_accum=1,
                  max_steps=8, memory_budget_gb=15)  # capacity_15gb_h200.md's $F
 OFF3 = dict(strategy="zero3", offload_optimizer="cpu", offload_param="cpu")
 PACKED = dict(padding="packed", batch_size=256, num_samples=1024)  # throughput_levers.py's base: 256 samples packed
+ROWS512 = dict(max_length=512, batch_size=24)  # the throughput mode before 2026-12-02's 12 rows of 1024
 
 
 def bench(name, **changes):
@@ -61,14 +64,21 @@ ROWS += [
     ("With_DeepSpeed", "colab.jsonl", None, NB01.replace(strategy="zero2", offload_optimizer="cpu")),
     ("quality", "colab.jsonl", None, RunConfig.layered({"preset": "quality", "max_steps": 600})),  # 600 steps then
     # gpu_runs.sh notebook01 (2026-12-02): notebook 01 under colab_t4 on the passage prompt, 20 steps, 16 questions
-    ("Without_DeepSpeed", "notebook01.jsonl", None, RunConfig.layered(dict(B3, preset="colab_t4", max_steps=20,
-                                                                           eval_samples=16))),
-    ("throughput_compiled", "throughput.jsonl", None, BENCH["throughput_compiled"]),
-    ("base", "throughput_levers.jsonl", None, bench("throughput_compiled", attention="sdpa", **PACKED)),
-    ("flex", "throughput_levers.jsonl", None, bench("throughput_compiled", **PACKED)),
-    ("cdt", "throughput_levers.jsonl", None, bench("throughput_compiled", attention="sdpa", **PACKED)),
-    ("filled", "throughput_levers.jsonl", None, BENCH["throughput_compiled"]),
-    ("nodrop", "throughput_levers.jsonl", None, bench("throughput_compiled", lora_dropout=0.0)),
+    ("Without_DeepSpeed", "notebook01.jsonl", None, NB01_T4),
+    ("With_DeepSpeed", "notebook01.jsonl", None, NB01_T4.replace(strategy="zero2", offload_optimizer="cpu")),
+    ("throughput_compiled", "throughput.jsonl", None, bench("throughput_compiled", **ROWS512)),
+    ("base", "throughput_levers.jsonl", None, bench("throughput_compiled", attention="sdpa", **PACKED, max_length=512)),
+    ("flex", "throughput_levers.jsonl", None, bench("throughput_compiled", **PACKED, max_length=512)),
+    ("cdt", "throughput_levers.jsonl", None, bench("throughput_compiled", attention="sdpa", **PACKED, max_length=512)),
+    ("filled", "throughput_levers.jsonl", None, bench("throughput_compiled", **ROWS512)),
+    ("nodrop", "throughput_levers.jsonl", None, bench("throughput_compiled", lora_dropout=0.0, **ROWS512)),
+    # gpu_runs.sh throughput (REPEATS=3: 24 rows of 512 then) and rows, 2026-12-02, on the passage prompt but eos512
+    ("throughput_compiled_rows24_cold", "throughput_cold.jsonl", [f"throughput_compiled_rows24_cold{i}" for i in
+                                                                  (1, 2, 3)], bench("throughput_compiled", **ROWS512)),
+    ("rows512", "throughput_rows.jsonl", None, bench("throughput_compiled", **ROWS512)),
+    ("rows1024", "throughput_rows.jsonl", None, bench("throughput_compiled", max_length=1024, batch_size=12)),
+    ("rows2048", "throughput_rows.jsonl", None, bench("throughput_compiled", max_length=2048, batch_size=6)),
+    ("eos512", "throughput_rows.jsonl", None, bench("throughput_compiled", prompt="eos", **ROWS512)),
     ("zero3", "deepcompile.jsonl", None, BENCH["full_zero3_compiled"]),
     ("zero3_dc", "deepcompile.jsonl", None, bench("full_zero3_compiled", deepcompile=True)),
     ("lora_fast_compiled", "zero_flat.jsonl", ["lora_fast_compiled", "lora_fast_compiled_2"], BENCH["fast_compiled"]),
@@ -128,7 +138,8 @@ IN_SAMPLE = {
     ("h200_runs/nvme_attempts.md", "full_zero3_nvme_1b"),  # NVME_S_PER_B
     ("multi_gpu.jsonl", "llama-3.2-3b zero1_2gpu"), ("multi_gpu.jsonl", "llama-3.2-3b zero2_2gpu"),  # LINK_GB_S
 }
-PASSAGE_ERA = {"notebook01.jsonl"}  # listings trained on the passage prompt (dsnb's default since 2026-12-02)
+PASSAGE_ERA = {"notebook01.jsonl", "throughput_cold.jsonl", "throughput_rows.jsonl"}  # listings trained on the
+# passage prompt (dsnb's default since 2026-12-02), unless a row's config names another
 LENGTHS_CAP = 1000  # a larger set's first 1,000 samples stand for it (the same generator: a prefix of the same lengths)
 CONFIG = functools.cache(model_config)
 
@@ -174,7 +185,7 @@ def compare() -> tuple[list[dict], dict]:
         if step is None:
             continue
         covered |= {(source, run) for run in runs}
-        prompt = "passage" if source in PASSAGE_ERA else "eos"
+        prompt = cfg.prompt if source in PASSAGE_ERA else "eos"
         rows.append(dict(variant=variant, source=source, gpus=cfg.num_gpus, estimate=estimate(cfg, prompt), step=step,
                          wall=wall, in_sample=(source, variant) in IN_SAMPLE, path=path(cfg),
                          compiled=cfg.torch_compile))
@@ -268,7 +279,8 @@ HEADER = """# Estimated vs measured time (H200, synthetic Llama shapes)
 Estimates from `dsnb/timing.py` (`time_estimate` on gpu "H200", world = the run's GPUs), made on the CPU from each run's
 config as rebuilt from the command that made it (`benchmarks/gpu_runs.sh`, `dsnb/bench.py`'s variants,
 `variants/*.yaml`, the results files' own descriptions) and the data's lengths in the prompt each run trained on (the
-closed-book prompt before 2026-12-02, the passage prompt in notebook01.jsonl; a set's first 1,000 samples). Measured:
+closed-book prompt before 2026-12-02, the passage prompt in notebook01.jsonl and
+throughput_{cold,rows}.jsonl but for eos512; a set's first 1,000 samples). Measured:
 `step_time_ms`, the steady-state seconds per optimizer step, median over the finished runs of one variant in one listing
 of `h200_runs/` (or the results file named, from its steady samples/s); wall s/run: the median of those runs'
 `wall_seconds` (the process's start to its end), against the estimate's whole run (steps x step + held-out answers +
@@ -286,16 +298,16 @@ offloaded: 0.25 s + 0.30 s per billion on the host, 24 s per billion on NVMe), D
 FOOTER = """
 ## Where it still misses, and why
 
-Out of sample, 8 runs fall outside a factor of 2: 1B 8-bit weights in bf16 and DDP (both labelled rough), three
-runs of code since replaced, two of a crowded session, and notebook 01's first variant under colab_t4 of 2026-12-02.
-With their neighbours:
+Out of sample, 7 runs fall outside a factor of 2: 1B 8-bit weights in bf16 and DDP (both labelled rough), three
+runs of code since replaced, and two of a crowded session. With their neighbours:
 
-- **Notebook 01 under colab_t4** (notebook01.jsonl, Without_DeepSpeed, the passage prompt, per-batch padding, fp16,
-  8-bit): 1.59 s a step against 0.74 s estimated (0.47x), the run 90 s against 48 s. The same recipe at 512 tokens a
-  row measured 0.85-1.05 s a step on 2026-12-01 (colab.jsonl, in sample), so the per-layer floor of 8-bit steps
-  fitted there does not carry to this session's run; one run, and sessions on these machines have differed by up to
-  2.8x for one config. This is the Colab user's own path: the line the plan prints for it on an H200 is not labelled
-  rough, and should be read as a lower bound until more runs of it are measured.
+- **Notebook 01 under colab_t4** (notebook01.jsonl, the passage prompt, per-batch padding, fp16, 8-bit; the call of
+  2026-12-02 that ran it to its last cell): 1.397 and 1.399 s a step without and with ZeRO-2 + CPU offload against
+  0.74 and 0.99 s estimated (0.53x, 0.71x); whole runs 81 and 119 s against 48 and 53 s. An earlier call the same day
+  measured 1.59 s for the first. The same recipe at 512 tokens a row measured 0.85-1.05 s a step on 2026-12-01
+  (colab.jsonl, in sample), so the per-layer floor of 8-bit steps fitted there does not carry to these short
+  per-batch-padded steps. This is the Colab user's own path: the line the plan prints for it on an H200 now says
+  "rough" and why (8-bit padded per batch measured 1.4-2.1x the estimate).
 - **8-bit weights in bf16** (the capacity map, labelled rough): 0.16x, 0.51x and 0.64x for 1B, 3B and 8B. The 8-bit
   rate is calibrated in fp16 (the tutorial's recipe, +2% to +11% here, the tutorial pair of 2026-11-30 included;
   speed.jsonl's tutorial, -27%, ran beside compiling variants); the capacity cells ran two at a time, and the 1B

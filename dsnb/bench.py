@@ -40,8 +40,9 @@ def bench_configs(offline: bool, untimed: int, steps: int, tracking_uri: str, pa
     base, variants = bench_variants(path)
     cfgs = {}
     for name, changes in variants.items():
-        # Offline, on the CPU: fp32 (fp16 needs a GPU, bf16 is emulated) and the offline set's 64 samples.
-        cpu = dict(dtype="fp32", num_samples=OFFLINE["num_samples"], memory_budget_gb=0, attention="sdpa",
+        # Offline, on the CPU: fp32 (fp16 needs a GPU, bf16 is emulated) and the offline set's 64 samples and rows.
+        cpu = dict(dtype="fp32", num_samples=OFFLINE["num_samples"], max_length=OFFLINE["max_length"],
+                   memory_budget_gb=0, attention="sdpa",
                    batch_size=OFFLINE_ROWS if changes.get("padding") == "filled" else
                    min(changes.get("batch_size", RunConfig.batch_size), OFFLINE_MAX_BATCH))
         cfgs[name] = RunConfig.layered({} if offline else base, common, changes, cpu if offline else {},

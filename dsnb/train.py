@@ -28,7 +28,7 @@ from .data import (CLOSED_BOOK, EVAL_SEED, BatchLog, build_dataset, collator, ev
 from .estimate import estimate_memory, largest_weight, row_length, tokens_per_micro_batch, trainable_params
 from .evaluate import answer_and_score, probe_logit_norm
 from .loop import train_compiled
-from .metrics import PeakMemory, StepTimer, flops_per_token, gather_ranks, gputil_used_mb, peak_flops
+from .metrics import PeakMemory, StepTimer, flops_per_token, gather_ranks, gputil_used_mb, peak_flops, sync
 from .model import count_parameters, fetch, load_model, load_tokenizer, model_config
 from .timing import describe_time, faster_settings, gpu_class, minutes, pair_estimate, time_estimate
 from .zero import run_config
@@ -425,7 +425,10 @@ def training_arguments(cfg: RunConfig, device: str, deepspeed: dict | None, run_
 
 
 class Progress:
-    """Passes each step to the reporter, and once the untimed steps are over, says how long the rest will take."""
+    """Passes each step to the reporter, and once the untimed steps are over, says how long the rest will take.
+
+    The step time is read after waiting for the device, once: a compiled loop's host runs ahead of the GPU, and its
+    clock alone said 0.0177 s a step where the steps took 0.32 s (an H200, the throughput mode)."""
 
     def __init__(self, timer, reporter: Reporter):
         self.timer, self.reporter, self.told = timer, reporter, False
@@ -434,6 +437,7 @@ class Progress:
         self.reporter.step(step, total, loss)
         start = next((m for m in self.timer.marks if m[1] == self.timer.timed_from), None)
         if not self.told and start and step > start[1] and step < total:
+            sync(self.timer.device)
             per_step = (time.perf_counter() - start[0]) / (step - start[1])
             left = per_step * (total - step)
             self.told = True
