@@ -25,7 +25,8 @@ MEASURED = [  # name, shape, RunConfig changes, GPUs, peak_gpu_allocated_mb, sou
     ("fast", "llama-3.2-3b", FAST, 1, 8539, "nvidia_h200.json"),
     ("fast_zero2", "llama-3.2-3b", dict(FAST, strategy="zero2"), 1, 9711, "nvidia_h200.json"),
     ("fast_compiled", "llama-3.2-3b", dict(FAST, padding="bucket", torch_compile=True), 1, 7914, "nvidia_h200.json"),
-    ("throughput_compiled", "llama-3.2-3b", VARIANTS["throughput_compiled"], 1, 47096, "nvidia_h200.json"),
+    ("throughput_compiled, 24 x 512", "llama-3.2-3b", dict(VARIANTS["throughput_compiled"], max_length=512,
+                                                            batch_size=24), 1, 47096, "nvidia_h200.json"),
     ("full, no DeepSpeed", "llama-3.2-3b", FULL, 1, 30713, "multi_gpu_h200.md"),
     ("full ZeRO-1", "llama-3.2-3b", dict(FULL, strategy="zero1"), 1, 73602, "multi_gpu_h200.md"),
     ("full ZeRO-2", "llama-3.2-3b", dict(FULL, strategy="zero2"), 1, 73602, "multi_gpu_h200.md"),
@@ -62,6 +63,14 @@ MEASURED += [(f"full {name}", "llama-3.1-8b", dict(CAP, quantization="none", lor
                  ("ZeRO-2 + CPU offload, 2 GPUs", "zero2", OFF, 2, 30633))]
 MEASURED.append(("lora_zero3_offload, 15 GB cap, 1000 samples", "llama-3.1-8b",
                  dict(CAP, num_samples=1000, quantization="none", **Z3OFF), 1, 7374, "capacity_15gb_h200.md"))
+# 2026-12-02, on the passage prompt (the runs above trained on the closed-book one, "eos", dsnb's default before)
+NB01 = dict(preset="colab_t4", max_steps=20, eval_samples=16, prompt="passage")  # gpu_runs.sh notebook01
+MEASURED += [
+    ("throughput_compiled, 12 x 1024", "llama-3.2-3b", dict(VARIANTS["throughput_compiled"], prompt="passage"), 1,
+     47096, "throughput_rows_h200.md"),
+    ("notebook 01 colab_t4, Without_DeepSpeed", "llama-3.2-3b", NB01, 1, 4723, "notebook01_colab_t4_h200.md"),
+    ("notebook 01 colab_t4, With_DeepSpeed", "llama-3.2-3b", dict(NB01, strategy="zero2", offload_optimizer="cpu"), 1,
+     6292, "notebook01_colab_t4_h200.md")]
 
 
 HEADER = """# Estimated vs measured peak GPU memory (H200, synthetic Llama shapes)
@@ -77,17 +86,24 @@ The misses:
 - ZeRO-2 with optimizer offload under full fine-tuning peaks at the start, when DeepSpeed copies the bf16
   weights into one flat buffer before freeing them: exactly twice the weights for the 3B shape on one GPU
   and the 8B shape on one and on two, which the estimate now counts. The 1B shape (tied embeddings) peaked
-  1.2 GB above the estimate (2.1 GB above twice its weights; -18%), not explained here.
+  later, in a backward: -12% with the reduce buckets and the staging buffer counted (-18% before).
+- ZeRO-2's reduce buckets (5e8 elements, two under overlap_comm) live through each backward whatever trains: notebook
+  01's 8-bit LoRA with offload and per-batch padding peaked 1.7 GB above the other terms (-27% before they were
+  counted, -0.7% now); padded to 512 tokens the logits' larger memory hid most of them. ZeRO-2 without offload
+  stays 5-12% under for full fine-tuning (DeepSpeed's gradient partition and flat buffers beyond the terms here);
+  fast_zero2 (-10%) ran with overlap_comm on (two buckets) where dsnb's config for one GPU now sets it off (one).
 - ZeRO-3 with only the optimizer offloaded, 8B on two GPUs (-21%; -12% on one): not explained here.
-- The throughput mode (+6%): now 24 filled rows of 512 tokens a step, measured on today's set (the packed mode
-  before it, on the older set's shorter samples, came out +24%).
+- The throughput mode (+6%): 24 filled rows of 512 tokens a step, measured on today's set, and 12 of 1024 on
+  the passage prompt, the same peak (the packed mode before them, on the older set's shorter samples, came out
+  +24%).
 - The 8B run capped at 15 GB peaked 0.9 GB above the uncapped map cell of the same variant (7.4 against
   6.5 GB; it also drew from 1,000 samples rather than 200, which the estimate counts as 54 MB more). The
   extra is not explained here (-16%).
 Every run also logs `est_peak_gpu_mb` and `est_error_gpu` beside its measured peak.
 
-The runs above were measured on the synthetic set before 2026-12-01 (about 38 real tokens a sample); the
-estimates are made from today's set (its held-out split and the end-of-sequence token: about 44), so the
+The runs above the last three were measured on the synthetic set before 2026-12-01 (about 38 real tokens a
+sample, the closed-book prompt); the estimates are made from today's set on the same prompt (its held-out split and
+the end-of-sequence token: about 44), so the
 activation terms come out a few percent higher than they were for the runs measured. The 2026-12-01 runs
 (`h200_runs/speed.jsonl`, `colab.jsonl`) logged their own estimates against today's data: est_error_gpu within
 7% for 14 of 19 (the tutorial pair, LoRA compiled with and without ZeRO-2, fp16, full fine-tuning under the
@@ -108,7 +124,8 @@ def main():
     for name, shape_name, changes, gpus, measured, source in MEASURED:
         dims = SHAPES[shape_name]
         shape = LlamaConfig(**dims, head_dim=dims["hidden_size"] // dims["num_attention_heads"])
-        cfg = RunConfig(model=f"synthetic:{shape_name}", dataset="synthetic", **changes)
+        cfg = RunConfig.layered({"model": f"synthetic:{shape_name}", "dataset": "synthetic", "prompt": "eos",
+                                 **changes})
         tokens = tokens_per_micro_batch(cfg, build_dataset(cfg, tokenizer))
         est = estimate_memory(cfg, shape, trainable_params(cfg, shape), tokens, gpus)["est_peak_gpu_mb"]
         within += abs(est / measured - 1) <= 0.15

@@ -11,10 +11,16 @@ terms (bytes):
   weights      N x 2 or 4 (dtype); quantized: linear weights x 1 (8bit) or 0.53 (4bit NF4 + scales), the rest x 2
   trainable T  LoRA adapters are fp32 (peft) and add their own T x 4; full fine-tuning trains the loaded dtype
   gradients    T x bytes(trainable); DDP (baseline on several GPUs) keeps a second copy in its buckets;
-               ZeRO-2/3 split them across GPUs; with optimizer offload only ZeRO-2's reduce buckets
-               (2 x 5e8 elements x 2 bytes, DeepSpeed's default) stay on the GPU; ZeRO-3 adds one
-               5e8-element bucket for contiguous gradients whatever trains (measured: LoRA under ZeRO-3 +
-               offload peaked ~1 GB above the other terms on the 1B and 8B shapes)
+               ZeRO-2/3 split them across GPUs, and with the optimizer offloaded none stay on the GPU;
+               ZeRO-3 adds one 5e8-element bucket for contiguous gradients whatever trains (measured: LoRA
+               under ZeRO-3 + offload peaked ~1 GB above the other terms on the 1B and 8B shapes)
+  ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
+               compute dtype whatever trains, two under overlap_comm (several GPUs, or the optimizer
+               offloaded; dsnb/zero.py). By then the logits' memory is gone, so they raise the peak only
+               where they outweigh it (measured: notebook 01's 8-bit LoRA with offload, per-batch padding,
+               1.7 GB above the sum of the other terms; padded to 512 tokens, 0.4 GB); full fine-tuning adds
+               the largest weight's whole gradient waiting for its bucket, and with the optimizer offloaded
+               DeepSpeed's GPU staging buffer of the largest weight's size
   optimizer    torch AdamW: 2 states in the parameter dtype plus one parameter-sized temporary (foreach);
                DeepSpeed with bf16/fp16: fp32 master + 2 fp32 states = 12 T, and an fp32 gradient copy 4 T
                (measured on the H200: 71.9 GB for 3B full fine-tuning under ZeRO-1 on one GPU), split from
@@ -64,7 +70,6 @@ OFFLOADED_BYTES_PER_TRAINABLE = 22  # host bytes per offloaded trainable paramet
 OFFLOADED_PARAM_FACTOR = 1.5  # host bytes per byte of weights ZeRO-3 keeps in CPU RAM (fitted: 1B, 3B, 8B LoRA)
 SUB_GROUP = 1e9  # elements: DeepSpeed's ZeRO-3 sub_group_size default
 REDUCE_BUCKET = 5e8  # elements: DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
-BUCKET_BYTES = 2 * REDUCE_BUCKET * 2  # ZeRO-1/2's reduce and allgather buckets, half precision
 MASK_BYTES = 10  # per element of a row's length x length attention mask (measured 9 on the CPU: synthetic:tiny, fp32)
 
 
@@ -95,7 +100,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
         gpu_weights = weights / world_size
     if cfg.offload_optimizer != "none":
         cpu_opt, gpu_opt = optimizer / world_size, 0.0  # the fp32 gradient copy moves with it
-        gpu_grads = min(gpu_grads, BUCKET_BYTES) if stage != 3 else 0.0
+        gpu_grads = 0.0
     if stage == 3:  # contiguous gradients: one reduce bucket, allocated up front however few weights train
         gpu_grads += REDUCE_BUCKET * act_bytes
         if full:  # a gathered weight's gradient is whole until reduce-scattered; the largest sets the peak
@@ -109,6 +114,8 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     # at 100,000 (measured on the CPU: 9 bytes per element of it, fp32, SDPA).
     activations = tokens_per_micro_batch * (layers * per_token_layer + logits + MASK_BYTES * row_length)
     gpu = gpu_weights + gpu_grads + gpu_opt + activations
+    if stage == 2:
+        gpu = zero2_peak(cfg, config, gpu, tokens_per_micro_batch * logits, world_size, act_bytes, load_bytes, on_gpu)
     if stage in (1, 2):  # at start, ZeRO-1/2 copies the trainable weights into one flat buffer while they still exist
         gpu = max(gpu, weights + trainable * trainable_bytes)
     cpu = cpu_weights + cpu_opt
@@ -118,6 +125,26 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
             "est_weights_mb": gpu_weights / MB,
             "est_grads_mb": gpu_grads / MB, "est_optimizer_mb": gpu_opt / MB, "est_optimizer_states_mb": states / MB,
             "est_activations_mb": activations / MB}
+
+
+def zero2_peak(cfg: RunConfig, config, gpu: float, logits: float, world_size: int, act_bytes: int, load_bytes: int,
+               on_gpu: bool) -> float:
+    """The peak under ZeRO-2 given the other terms' sum `gpu` and the logits' bytes in it: with the optimizer offloaded
+    and every weight trained, DeepSpeed's GPU staging buffer of the largest weight's size; from a backward's first
+    gradient to its end the reduce buckets (the logits' memory gone by then), and under full fine-tuning the largest
+    weight's whole gradient waiting for its bucket. On the CPU the buckets' pages are resident only as far as
+    gradients fill them: a few MB."""
+    full = cfg.lora_r == 0
+    largest = largest_weight(config) * load_bytes if full else 0.0
+    if cfg.offload_optimizer != "none":
+        gpu += largest
+    buckets = (2 if overlaps(cfg, world_size) else 1) * REDUCE_BUCKET * act_bytes
+    return max(gpu, gpu - logits + buckets + largest) if on_gpu else gpu
+
+
+def overlaps(cfg: RunConfig, world_size: int) -> bool:
+    """Whether dsnb's DeepSpeed config sets overlap_comm (dsnb/zero.py): two reduce buckets rather than one."""
+    return cfg.zero_stage == 3 or world_size > 1 or cfg.offload_optimizer != "none"
 
 
 def gpu_optimizer(stage: int | None, mixed: bool, states: float, optimizer: float, trainable: int,

@@ -4,7 +4,7 @@ import torch
 
 from dsnb.config import OFFLINE, RunConfig
 from dsnb.data import build_dataset
-from dsnb.estimate import MB, estimate_memory, tokens_per_micro_batch
+from dsnb.estimate import MB, estimate_memory, tokens_per_micro_batch, trainable_params
 from dsnb.model import count_parameters, load_model
 
 
@@ -118,3 +118,33 @@ def test_zero3_full_fine_tuning_counts_the_largest_whole_gradient():
     assert est["est_grads_mb"] == pytest.approx(bucket + largest, rel=1e-3)
     lora = estimate_memory(cfg.replace(lora_r=16), model.config, 1000, 100)
     assert lora["est_grads_mb"] == pytest.approx(bucket)  # adapters' gradients are partitioned and offloaded
+
+
+def test_zero2_counts_its_reduce_buckets_where_they_outweigh_the_logits():
+    """DeepSpeed's ZeRO-2 allocates its reduce buckets (5e8 elements, two under overlap_comm) at a backward's first
+    gradient, whatever trains, and frees them at its end; notebook 01's ZeRO-2 + offload run on the H200 peaked 1.7 GB
+    above the other terms with per-batch padding (6,292 MB allocated; estimated 4,606 before this term, 6,246
+    with it)."""
+    from types import SimpleNamespace
+
+    from dsnb.estimate import REDUCE_BUCKET
+    from dsnb.model import SHAPES
+
+    shape = SimpleNamespace(**SHAPES["llama-3.2-3b"])
+    base = RunConfig.layered({"model": "synthetic:llama-3.2-3b", "dataset": "synthetic", "preset": "colab_t4"})
+    assert (base.dtype, base.quantization, base.padding) == ("fp16", "8bit", "longest")
+    offload = base.replace(strategy="zero2", offload_optimizer="cpu")
+
+    def gpu_mb(cfg, tokens, on_gpu=True):
+        return estimate_memory(cfg, shape, trainable_params(cfg, shape), tokens, on_gpu=on_gpu)["est_peak_gpu_mb"]
+
+    two_buckets = 2 * REDUCE_BUCKET * 2 / MB  # overlap_comm (the optimizer offloaded), fp16
+    short, padded = 2 * 90, 2 * 512  # tokens a micro-batch: per-batch padding, and the tutorial's 512
+    assert gpu_mb(offload, short) - gpu_mb(base, short) > 0.75 * two_buckets  # the logits of 180 tokens hide little
+    hidden = gpu_mb(offload, padded) - gpu_mb(base, padded)
+    assert 0 < hidden < gpu_mb(offload, short) - gpu_mb(base, short)  # 1,024 tokens' logits hide more of them
+    one = RunConfig(model="synthetic:llama-3.2-3b", dataset="synthetic", quantization="none", dtype="bf16",
+                    strategy="zero2")  # one GPU, no offload: overlap_comm off, one bucket
+    assert gpu_mb(one, short) - gpu_mb(one.replace(strategy="baseline"), short) < 0.6 * two_buckets
+    # On the CPU the buckets' untouched pages are not resident: nothing is added
+    assert gpu_mb(offload, short, on_gpu=False) == pytest.approx(gpu_mb(base, short, on_gpu=False), abs=100)
