@@ -63,6 +63,13 @@ MEASURED += [(f"full {name}", "llama-3.1-8b", dict(CAP, quantization="none", lor
                  ("ZeRO-2 + CPU offload, 2 GPUs", "zero2", OFF, 2, 30633))]
 MEASURED.append(("lora_zero3_offload, 15 GB cap, 1000 samples", "llama-3.1-8b",
                  dict(CAP, num_samples=1000, quantization="none", **Z3OFF), 1, 7374, "capacity_15gb_h200.md"))
+# 2026-12-01, compiled ZeRO-2: dsnb's flat step (no gradient hooks) and DeepSpeed's own (hooks after the backward)
+MEASURED += [(name, "llama-3.2-3b", dict(VARIANTS[variant], zero_flat_step=flat), 1, mb, source)
+             for name, variant, flat, mb, source in (
+                 ("lora_zero2_flat", "fast_zero2_compiled", True, 7913, "zero_flat_h200.md"),
+                 ("lora_zero2_stock", "fast_zero2_compiled", False, 7913, "zero_flat_h200.md"),
+                 ("full_flat", "full_zero2_compiled", True, 61283, "zero_flat_full_h200.md"),
+                 ("full_stock", "full_zero2_compiled", False, 67410, "zero_flat_full_h200.md"))]
 # 2026-12-02, on the passage prompt (the runs above trained on the closed-book one, "eos", dsnb's default before)
 NB01 = dict(preset="colab_t4", max_steps=20, eval_samples=16, prompt="passage")  # gpu_runs.sh notebook01
 MEASURED += [
@@ -101,10 +108,10 @@ The misses:
   extra is not explained here (-16%).
 Every run also logs `est_peak_gpu_mb` and `est_error_gpu` beside its measured peak.
 
-The runs above the last three were measured on the synthetic set before 2026-12-01 (about 38 real tokens a
-sample, the closed-book prompt); the estimates are made from today's set on the same prompt (its held-out split and
-the end-of-sequence token: about 44), so the
-activation terms come out a few percent higher than they were for the runs measured. The 2026-12-01 runs
+Every run above but the last three trained on the closed-book prompt, and its estimate is made from today's
+synthetic set on that prompt (its held-out split and the end-of-sequence token: about 44 real tokens a sample; the
+runs before 2026-12-01 saw about 38, so their activation terms come out a few percent high); the last three, of
+2026-12-02, trained and are estimated on the passage prompt. The 2026-12-01 runs
 (`h200_runs/speed.jsonl`, `colab.jsonl`) logged their own estimates against today's data: est_error_gpu within
 7% for 14 of 19 (the tutorial pair, LoRA compiled with and without ZeRO-2, fp16, full fine-tuning under the
 Trainer, ZeRO-2 on one and two GPUs, ZeRO-3 with offload under 15 GB); over by 23% for full fine-tuning

@@ -2,8 +2,8 @@
 # The GPU evidence in benchmarks/results/, one stage per GPU-machine call (each well under 10 minutes).
 #   OUT=out bash benchmarks/gpu_runs.sh bench        # dsnb bench, variants side by side on every GPU
 #   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone from cold compile caches, with a
-#                                                    # profiled step (REPEATS=2 HINTS=0 PROFILE=0 ROWS=32: 2
-#                                                    # repeats, no perf-hints or profiled run, 32 rows a step;
+#                                                    # profiled step (REPEATS=2 HINTS=0 PROFILE=0 ROWS=16: 2
+#                                                    # repeats, no perf-hints or profiled run, 16 rows a step;
 #                                                    # the bench's: 12 rows of 1024 tokens)
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
@@ -300,11 +300,12 @@ deepcompile)  # full fine-tuning of the 3B shape under compiled ZeRO-3: plain to
   dump deepcompile
   ;;
 rows)  # the throughput mode's rows from a cold compile cache each: 24 rows of 512 tokens on the default passage prompt
-  # (as the throughput stage), 12 of 1024 and 6 of 2048 (the same tokens a step, rows fuller: fewer tails left empty),
+  # (the throughput stage's before 2026-12-02), 12 of 1024 (the stage's now) and 6 of 2048 (the same tokens a step, rows fuller: fewer tails left empty),
   # and 24 of 512 on the closed-book eos prompt, whose shorter samples the 50% MFU was first measured on
   prebuild synthetic:llama-3.2-3b
   for v in ${VARIANTS:-rows512 rows1024 rows2048 eos512}; do
-    case $v in rows*) len=${v#rows} prompt=passage ;; eos*) len=${v#eos} prompt=eos ;; esac
+    case $v in rows*) len=${v#rows} prompt=passage ;; eos*) len=${v#eos} prompt=eos ;;
+      *) echo "$v: not a rows variant (rowsLENGTH on the passage prompt, eosLENGTH on the closed-book one)"; continue ;; esac
     TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cold_$v timeout "${LIMIT:-170}" python3 -m dsnb run \
       $(bench_flags throughput_compiled 8 12) --max_length "$len" --batch_size $((24 * 512 / len)) --prompt "$prompt" \
       --tracking_uri "$DB" --experiment dsnb_rows --run_name "$v" > "$OUT/$v.log" 2>&1
@@ -313,7 +314,7 @@ rows)  # the throughput mode's rows from a cold compile cache each: 24 rows of 5
   dump rows
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|zerographs|graphscheck|deepcompile|rows [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|zerographs|graphscheck|deepcompile|scale4|rows [more]" >&2
   exit 2
   ;;
 esac

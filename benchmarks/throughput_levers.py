@@ -37,7 +37,8 @@ def main() -> None:
     a = p.parse_args()
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers",
-                      max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24)
+                      max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
+                      prompt="eos")  # as the levers were measured: closed-book samples, rows of 512
     if a.lever in ("base", "flex", "cdt", "rows256"):  # 256 samples a step (offline 16), packed as a batch needs
         cfg = cfg.replace(padding="packed", batch_size=16 if a.offline else 256, num_samples=64 if a.offline else 1024,
                           attention="flex" if a.lever == "flex" else "sdpa")

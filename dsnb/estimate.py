@@ -62,6 +62,7 @@ import random
 
 from .config import RunConfig
 from .data import BUCKET, best_fit, packed_rows
+from .zero import overlap_comm
 
 MB = 2**20
 PACK_SHUFFLES = 8
@@ -133,18 +134,15 @@ def zero2_peak(cfg: RunConfig, config, gpu: float, logits: float, world_size: in
     and every weight trained, DeepSpeed's GPU staging buffer of the largest weight's size; from a backward's first
     gradient to its end the reduce buckets (the logits' memory gone by then), and under full fine-tuning the largest
     weight's whole gradient waiting for its bucket. On the CPU the buckets' pages are resident only as far as
-    gradients fill them: a few MB."""
+    gradients fill them: a few MB. ZeRO-1 allocates one bucket too; no run here measures it, and it is left out."""
     full = cfg.lora_r == 0
     largest = largest_weight(config) * load_bytes if full else 0.0
     if cfg.offload_optimizer != "none":
         gpu += largest
-    buckets = (2 if overlaps(cfg, world_size) else 1) * REDUCE_BUCKET * act_bytes
-    return max(gpu, gpu - logits + buckets + largest) if on_gpu else gpu
-
-
-def overlaps(cfg: RunConfig, world_size: int) -> bool:
-    """Whether dsnb's DeepSpeed config sets overlap_comm (dsnb/zero.py): two reduce buckets rather than one."""
-    return cfg.zero_stage == 3 or world_size > 1 or cfg.offload_optimizer != "none"
+    if not on_gpu or cfg.torch_compile:  # compiled, the hooks that fill them fire after the backward has freed its
+        return gpu  # activations, or not at all (dsnb's flat step): zero_flat*.jsonl peak level with no DeepSpeed
+    buckets = (2 if overlap_comm(cfg, world_size) else 1) * REDUCE_BUCKET * act_bytes
+    return max(gpu, gpu - logits + buckets + largest)
 
 
 def gpu_optimizer(stage: int | None, mixed: bool, states: float, optimizer: float, trainable: int,

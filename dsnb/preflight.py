@@ -447,7 +447,8 @@ def check_host_ram(cfg: RunConfig, world: int, device: str, estimate: dict | Non
     need = host_ram_mb(cfg, config, trainable, world, mapped=False) * local / 1024
     resident = host_ram_mb(cfg, config, trainable, world) * local / 1024
     if device == "cpu":
-        state = (estimate or estimate_memory(cfg, config, trainable, 0, world))["est_peak_gpu_mb"] * local / 1024
+        estimate = estimate or estimate_memory(cfg, config, trainable, 0, world, on_gpu=False)
+        state = estimate["est_peak_gpu_mb"] * local / 1024
         need, resident = need + state, resident + state
     have = cfg.ram_budget_gb or psutil.virtual_memory().available / 2**30
     where = f"ram_budget_gb is {cfg.ram_budget_gb:g}" if cfg.ram_budget_gb else f"this machine has {have:.1f} GB free"

@@ -170,7 +170,7 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
         reasons.append("DeepCompile is measured once")
     if cfg.quantization == "8bit" and cfg.dtype != "fp16":
         reasons.append("8-bit weights are calibrated in fp16, in bf16 they measured 1.6-6x this")
-    elif cfg.quantization == "8bit" and cfg.padding != "max_length" and gpu == "H200":
+    elif cfg.quantization == "8bit" and cfg.padding in ("longest", "bucket") and gpu == "H200":
         reasons.append("8-bit weights are calibrated on rows padded to max_length; padded per batch, notebook 01's "
                        "runs under colab_t4 measured 1.4-2.1x this")
     if world > 2:

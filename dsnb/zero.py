@@ -27,6 +27,11 @@ def zero_section(stage: int, offload_optimizer: str = "none", offload_param: str
     return {"zero_optimization": zero}
 
 
+def overlap_comm(cfg: RunConfig, world_size: int) -> bool:
+    """Whether dsnb's config overlaps the gradient reduction with backward (ZeRO-2/3; two reduce buckets, not one)."""
+    return cfg.zero_stage == 3 or world_size > 1 or cfg.offload_optimizer != "none"
+
+
 def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 0) -> dict:
     """The full DeepSpeed config for a ZeRO variant of `cfg` on `world_size` devices.
 
@@ -45,7 +50,7 @@ def deepspeed_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 
         # GPU memory under ZeRO-2 has neither to overlap, and DeepSpeed still synchronizes the device after each
         # backward for it (3B LoRA compiled on the H200, with bf16's check below off too: a step 1.7-1.9x the
         # plain compiled one against 2.5x; benchmarks/results/archive/zero_graphs_h200.md).
-        zero["overlap_comm"] = stage == 3 or world_size > 1 or cfg.offload_optimizer != "none"
+        zero["overlap_comm"] = overlap_comm(cfg, world_size)
     if stage == 3:
         # Saving the trained model needs the partitioned weights gathered back into one state dict.
         zero["stage3_gather_16bit_weights_on_model_save"] = True

@@ -145,6 +145,10 @@ def test_zero2_counts_its_reduce_buckets_where_they_outweigh_the_logits():
     assert 0 < hidden < gpu_mb(offload, short) - gpu_mb(base, short)  # 1,024 tokens' logits hide more of them
     one = RunConfig(model="synthetic:llama-3.2-3b", dataset="synthetic", quantization="none", dtype="bf16",
                     strategy="zero2")  # one GPU, no offload: overlap_comm off, one bucket
-    assert gpu_mb(one, short) - gpu_mb(one.replace(strategy="baseline"), short) < 0.6 * two_buckets
+    assert 0.3 * two_buckets < gpu_mb(one, short) - gpu_mb(one.replace(strategy="baseline"), short) < 0.6 * two_buckets
+    # Compiled, the hooks that fill them fire after the backward has freed its activations, or not at all (the flat
+    # step): zero_flat*.jsonl peaked level with no DeepSpeed
+    compiled = one.replace(torch_compile=True)
+    assert gpu_mb(compiled, short) == pytest.approx(gpu_mb(compiled.replace(strategy="baseline"), short), abs=100)
     # On the CPU the buckets' untouched pages are not resident: nothing is added
     assert gpu_mb(offload, short, on_gpu=False) == pytest.approx(gpu_mb(base, short, on_gpu=False), abs=100)

@@ -122,3 +122,16 @@ def test_deepcompile_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, m
     with pytest.raises(ConfigError, match="TORCH_CUDA_ARCH_LIST holds '9.0a'.*DeepCompile.*TORCH_CUDA_ARCH_LIST=9.0"):
         check(cfg, "cuda")
     check(cfg.replace(deepcompile=False), "cuda")  # without DeepCompile nothing is built: no refusal
+
+
+def test_the_host_ram_check_on_the_cpu_leaves_out_gpu_only_buffers():
+    """Without a GPU the host holds what the GPU would, but not DeepSpeed's ZeRO-2 reduce buckets as the GPU's
+    allocator counts them (5e8 elements, two under offload: 3.7 GB in fp32): on the CPU only the pages gradients
+    fill are resident. A tiny ZeRO-2 + offload run passes a 1.5 GB budget, and one too large for it is still refused."""
+    from dsnb.config import OFFLINE, RunConfig
+    from dsnb.preflight import check_host_ram
+
+    cfg = RunConfig(**dict(OFFLINE, strategy="zero2", offload_optimizer="cpu", ram_budget_gb=1.5))
+    check_host_ram(cfg, 1, "cpu")
+    with pytest.raises(ConfigError, match="ram_budget_gb"):
+        check_host_ram(cfg.replace(ram_budget_gb=0.01), 1, "cpu")
