@@ -23,6 +23,7 @@ METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second"
            "samples_per_second", "tokens_per_second", "mfu", "eval_exact_match_before", "eval_exact_match", "eval_f1",
            "eval_tokens_per_second", "recall_exact_match", "host_other_cores"]
 NO_RATIO = {"host_other_cores"}  # the machine's load while a run was timed: a caveat beside it, not its property
+GPU_MEMORY = {"gpu_memory_used_mb", "peak_gpu_allocated_mb", "peak_gpu_reserved_mb", "peak_gpu_nvml_mb"}  # 0: no GPU
 ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
 BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (at least, and share of the machine's)
 # and the hypervisor's share above which a run's speed is called unreliable
@@ -79,17 +80,18 @@ def _number(value: float) -> str:
 def compare_table(runs: list[RunResult]):
     """Metrics as rows, variants as columns (a variant's repeats pooled: median [min-max]), and each variant's
     ratio of medians to the first, marked where it is within the run-to-run spread. A metric no run recorded (the
-    recall scores of runs that read the passage) has no row; the host's load is the machine's, not the variant's,
-    so it has no ratio."""
+    recall scores of runs that read the passage; GPU memory where every run trained on the CPU, and so recorded 0)
+    has no row; the host's load is the machine's, not the variant's, so it has no ratio."""
     import pandas as pd
 
     loaded = load_runs(runs)
     groups = grouped(loaded)
     columns = {}
+    on_cpu = {key for key in GPU_MEMORY if all((summary(group, key) or (0, 0, 0))[2] == 0 for group in groups.values())}
     for name, group in groups.items():
         cells = ["/".join(sorted({r.info.status for r in group})), str(len(group))]
         for key in METRICS:
-            s = summary(group, key)
+            s = None if key in on_cpu else summary(group, key)
             cells.append("" if s is None else _number(s[0]) + (f" [{_number(s[1])}-{_number(s[2])}]"
                                                                 if len(group) > 1 and s[1] != s[2] else ""))
         columns[name] = cells
@@ -97,7 +99,7 @@ def compare_table(runs: list[RunResult]):
     for name in names[1:]:
         cells = ["", ""]
         for key in METRICS:
-            a, b = summary(groups[name], key), summary(groups[names[0]], key)
+            a, b = (None, None) if key in on_cpu else (summary(groups[name], key), summary(groups[names[0]], key))
             ratio = a and b and b[0] and key not in NO_RATIO
             cells.append(_ratio(a, b, min(len(groups[name]), len(groups[names[0]]))) if ratio else "")
         columns[f"{name} / {names[0]}"] = cells

@@ -145,8 +145,13 @@ def test_the_table_shows_what_was_recorded_and_no_ratio_of_the_machines_load(wor
     shown beside each variant but never as a ratio (one near-zero reading over another is no finding)."""
     from dsnb.report import compare_table
 
-    a = logged(workdir, "a", {"samples_per_second": 10.0, "host_other_cores": 1e-12, "eval_exact_match": 0.5})
-    b = logged(workdir, "b", {"samples_per_second": 8.0, "host_other_cores": 0.03, "eval_exact_match": 0.5})
+    cpu = {"peak_gpu_allocated_mb": 0.0, "peak_gpu_nvml_mb": 0.0}  # what a run on the CPU records
+    a = logged(workdir, "a", {"samples_per_second": 10.0, "host_other_cores": 1e-12, "eval_exact_match": 0.5, **cpu})
+    b = logged(workdir, "b", {"samples_per_second": 8.0, "host_other_cores": 0.03, "eval_exact_match": 0.5, **cpu})
     table = compare_table([a, b])
     assert "recall_exact_match" not in table.index and "host_other_cores" in table.index
+    assert "peak_gpu_allocated_mb" not in table.index and "peak_gpu_nvml_mb" not in table.index  # no GPU: no 0 MB row
+    c = logged(workdir, "c", {"samples_per_second": 9.0, "peak_gpu_allocated_mb": 4723.0, "peak_gpu_nvml_mb": 0.0})
+    gpu = compare_table([a, c])  # one GPU run: its peak shows beside the CPU run's 0
+    assert gpu.loc["peak_gpu_allocated_mb", "c"] == "4,723" and gpu.loc["peak_gpu_allocated_mb", "a"] == "0"
     assert table.loc["host_other_cores", "b / a"] == "" and table.loc["samples_per_second", "b / a"] == "0.80x"
