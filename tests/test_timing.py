@@ -121,10 +121,10 @@ def test_more_work_never_estimates_less_time(fields, gpu, config, world):
 
 
 def test_the_remaining_time_told_after_the_untimed_steps_is_the_steps_own_time(monkeypatch):
-    """The line a run says once its untimed steps are over ("0.32 s a step ... the 7 steps left take about 2 s") reads
-    the clock after waiting for the device, so it is each step's time, not the host's head start: on an H200 the
-    compiled loop's host alone said 0.0177 s where the steps took 0.32 s. Here the host queues each step at once and
-    the device finishes one every step_s; waiting for it is what this test's device does (no GPU here)."""
+    """The line a long run says once its untimed steps are over ("0.32 s a step ... the 98 steps left take about
+    31 s") reads the clock after waiting for the device, so it is each step's time, not the host's head start: on an
+    H200 the compiled loop's host alone said 0.0177 s where the steps took 0.32 s. Here the host queues each step at
+    once and the device finishes one every step_s; waiting for it is what this test's device does (no GPU here)."""
     import time
 
     import dsnb.train
@@ -144,12 +144,20 @@ def test_the_remaining_time_told_after_the_untimed_steps_is_the_steps_own_time(m
     timer = StepTimer("cpu", untimed_steps=2, batches=None)
     progress = Progress(timer, Told())
     timer.mark(0)
-    for step in range(1, 11):
+    total = 2 + Progress.TELL_LEFT + 1
+    for step in range(1, 6):
         queued.append(time.perf_counter())  # the host queues the step and goes on
         if step == timer.untimed_steps:
             device_sync("cpu")
             timer.mark(step)
-        progress(step, 10, None)
+        progress(step, total, None)
     assert len(said) == 1, said
     per_step, left = said[0].split(" s a step after 2 untimed step(s): the ")
-    assert step_s * 0.8 <= float(per_step) < 3 * step_s and left.startswith("7 steps left"), said
+    assert step_s * 0.8 <= float(per_step) < 3 * step_s and left.startswith(f"{total - 3} steps left"), said
+    # A run with fewer steps left says nothing and never waits for the device in its timed steps
+    said.clear()
+    short = Progress(timer, Told())
+    monkeypatch.setattr(dsnb.train, "sync", lambda device: said.append("waited"))
+    for step in range(3, 10):
+        short(step, step + Progress.TELL_LEFT - 1, None)
+    assert said == [], said
