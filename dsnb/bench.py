@@ -128,8 +128,8 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
 
 
 def markdown(result: dict) -> str:
-    def num(value, fmt):
-        return "" if value is None else format(value, fmt)
+    def num(value, fmt, missing=""):
+        return missing if value is None else format(value, fmt)
 
     lines = [f"# dsnb bench on {result['gpu']}", "", f"    {result['command']}", "",
              f"{result['untimed_steps']} untimed steps, then {result['timed_steps']} timed optimizer steps; each "
@@ -144,8 +144,8 @@ def markdown(result: dict) -> str:
         ratio = "-" if r.get("ratio_to_tutorial") is None else f"{r['ratio_to_tutorial']:.1f}x"
         lines.append(f"| {r['name']} | {num(r['samples_per_second'], '.3g')}{spread} | "
                      f"{num(r['tokens_per_second'], ',.0f')} | {num(r['mfu'] and 100 * r['mfu'], '.2f')}% | "
-                     f"{num(r['step_time_ms'], '.0f')} | {num(r['peak_gpu_allocated_mb'], ',.0f')} | "
-                     f"{num(r['peak_gpu_nvml_mb'], ',.0f')} | {num(r['final_loss'], '.3f')} | "
+                     f"{num(r['step_time_ms'], '.0f')} | {num(r.get('peak_gpu_allocated_mb'), ',.0f', '-')} | "
+                     f"{num(r.get('peak_gpu_nvml_mb'), ',.0f', '-')} | {num(r['final_loss'], '.3f')} | "
                      f"{ratio} | {r['finished']}/{r['repeats']} |")
     lines += ["", f"MFU: {result['mfu_convention']}.", ""]
     return "\n".join(lines)

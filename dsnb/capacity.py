@@ -92,12 +92,16 @@ def capacity_table(cells, results: list[RunResult], budgets: list[Budget]):
         row = {"model": model, "variant": name, "training": "full" if cfg.lora_r == 0 else "LoRA",
                "status": result.status,
                "samples_per_second": m.get("samples_per_second"),
-               "peak_allocated_gb": m.get("peak_gpu_allocated_mb", 0) / 1024,
-               "peak_nvml_gb": m.get("peak_gpu_nvml_mb", 0) / 1024,
-               "peak_host_gb": m.get("peak_cpu_rss_mb", 0) / 1024, "run_id": result.run_id}
+               "peak_allocated_gb": gb(m.get("peak_gpu_allocated_mb")),  # None on the CPU: no GPU was measured
+               "peak_nvml_gb": gb(m.get("peak_gpu_nvml_mb")),
+               "peak_host_gb": gb(m.get("peak_cpu_rss_mb")), "run_id": result.run_id}
         row.update({b.label: fit(result.status, m, b) for b in budgets})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def gb(mb: float | None) -> float | None:
+    return None if mb is None else mb / 1024
 
 
 def fastest_fitting(table, budgets: list[Budget]):
@@ -153,7 +157,7 @@ def markdown(table, fastest, command: str) -> str:
 
 def md_table(frame) -> str:
     def cell(value):
-        if value is None or value != value:  # None or NaN: nothing fits there
+        if value is None or value != value:  # None or NaN: nothing fits there, or nothing was measured
             return "-"
         return f"{value:.3g}" if isinstance(value, float) else str(value)
 

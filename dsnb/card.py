@@ -61,9 +61,10 @@ def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict) -> str:
     if "samples_per_second" in m:
         rows.append(("speed", f"{m['samples_per_second']:.3g} samples/s, {m.get('tokens_per_second', 0):,.0f} real "
                               f"tokens/s (steady state), MFU {100 * m.get('mfu', 0):.1f}%"))
-    rows.append(("memory", f"peak GPU {m.get('peak_gpu_allocated_mb', 0) / 1024:.1f} GB allocated "
-                           f"({m.get('peak_gpu_nvml_mb', 0) / 1024:.1f} GB by NVML), host "
-                           f"{m.get('peak_cpu_rss_mb', 0) / 1024:.1f} GB"))
+    host = f"host {m.get('peak_cpu_rss_mb', 0) / 1024:.1f} GB"
+    rows.append(("memory", f"peak GPU {m['peak_gpu_allocated_mb'] / 1024:.1f} GB allocated "
+                           f"({m['peak_gpu_nvml_mb'] / 1024:.1f} GB by NVML), {host}" if "peak_gpu_allocated_mb" in m
+                 else f"peak {host} (trained on the CPU: no GPU figures)"))
     if "train_loss" in m:
         rows.append(("training loss", f"{m['train_loss']:.4g} (mean over the steps)"))
     rows += [(k, v) for k, v in extra.items()]

@@ -1,7 +1,7 @@
 """Each variant in a fresh child process: run_variant for one, run_all for several.
 
     result = run_variant(RunConfig(**OFFLINE, strategy="zero2", offload_optimizer="cpu"))
-    result.status, result.metrics["peak_gpu_allocated_mb"]
+    result.status, result.metrics["peak_cpu_rss_mb"]   # and peak_gpu_allocated_mb where it trained on a GPU
     results = run_all(cfgs, gpus=2)        # two at a time, one per GPU
 
 The parent opens the MLflow run and writes one child description (config, run id, progress file) as

@@ -76,8 +76,8 @@ class PeakMemory:
         return False
 
     def summary(self) -> dict:
-        """Peaks so far in MB; GPU figures are 0 on a CPU run (no GPU memory was used)."""
-        out = {"peak_gpu_allocated_mb": 0.0, "peak_gpu_reserved_mb": 0.0, "peak_gpu_nvml_mb": 0.0}
+        """Peaks so far in MB; the GPU figures only on a GPU (a CPU run measured none, so it records none)."""
+        out = {}
         if self.cuda:
             import torch
 
@@ -347,11 +347,13 @@ def fit(status: str, metrics: dict, budget: Budget) -> str:
     host = metrics.get("peak_cpu_anon_mb", metrics.get("peak_cpu_rss_mb", 0))  # RSS where no anonymous peak was read
     if budget.ram_gb and host > budget.ram_gb * 1024:
         return "no RAM"
-    if gpu_taken_mb(metrics) <= budget.gpu_gb * 1024:
+    taken = gpu_taken_mb(metrics)
+    if taken is None or taken <= budget.gpu_gb * 1024:  # None: it trained on the CPU and took nothing from a GPU
         return "fits"
     return "no" if metrics.get("peak_gpu_allocated_mb", 0) > budget.gpu_gb * 1024 else "tight"
 
 
-def gpu_taken_mb(metrics: dict) -> float:
-    """What a run took from the GPU: its NVML peak where it was read, else the allocator's."""
-    return metrics.get("peak_gpu_nvml_mb") or metrics.get("peak_gpu_allocated_mb", 0)
+def gpu_taken_mb(metrics: dict) -> float | None:
+    """What a run took from the GPU: its NVML peak where it was read, else the allocator's; None for a run without a
+    GPU (it recorded no GPU figure)."""
+    return metrics.get("peak_gpu_nvml_mb") or metrics.get("peak_gpu_allocated_mb")

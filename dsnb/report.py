@@ -23,7 +23,6 @@ METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second"
            "samples_per_second", "tokens_per_second", "mfu", "eval_exact_match_before", "eval_exact_match", "eval_f1",
            "eval_tokens_per_second", "recall_exact_match", "host_other_cores"]
 NO_RATIO = {"host_other_cores"}  # the machine's load while a run was timed: a caveat beside it, not its property
-GPU_MEMORY = {"gpu_memory_used_mb", "peak_gpu_allocated_mb", "peak_gpu_reserved_mb", "peak_gpu_nvml_mb"}  # 0: no GPU
 ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
 BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (at least, and share of the machine's)
 # and the hypervisor's share above which a run's speed is called unreliable
@@ -80,18 +79,18 @@ def _number(value: float) -> str:
 def compare_table(runs: list[RunResult]):
     """Metrics as rows, variants as columns (a variant's repeats pooled: median [min-max]), and each variant's
     ratio of medians to the first, marked where it is within the run-to-run spread. A metric no run recorded (the
-    recall scores of runs that read the passage; GPU memory where every run trained on the CPU, and so recorded 0)
-    has no row; the host's load is the machine's, not the variant's, so it has no ratio."""
+    recall scores of runs that read the passage; GPU memory where every run trained on the CPU) has no row, and a
+    variant that did not record it has a blank cell; the host's load is the machine's, not the variant's, so it has no
+    ratio."""
     import pandas as pd
 
     loaded = load_runs(runs)
     groups = grouped(loaded)
     columns = {}
-    on_cpu = {key for key in GPU_MEMORY if all((summary(group, key) or (0, 0, 0))[2] == 0 for group in groups.values())}
     for name, group in groups.items():
         cells = ["/".join(sorted({r.info.status for r in group})), str(len(group))]
         for key in METRICS:
-            s = None if key in on_cpu else summary(group, key)
+            s = summary(group, key)
             cells.append("" if s is None else _number(s[0]) + (f" [{_number(s[1])}-{_number(s[2])}]"
                                                                 if len(group) > 1 and s[1] != s[2] else ""))
         columns[name] = cells
@@ -99,7 +98,7 @@ def compare_table(runs: list[RunResult]):
     for name in names[1:]:
         cells = ["", ""]
         for key in METRICS:
-            a, b = (None, None) if key in on_cpu else (summary(groups[name], key), summary(groups[names[0]], key))
+            a, b = summary(groups[name], key), summary(groups[names[0]], key)
             ratio = a and b and b[0] and key not in NO_RATIO
             cells.append(_ratio(a, b, min(len(groups[name]), len(groups[names[0]]))) if ratio else "")
         columns[f"{name} / {names[0]}"] = cells
@@ -225,8 +224,8 @@ def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
     if m.get("host_other_cores", 0) > max(BUSY_CORES, BUSY_SHARE * m.get("host_cores", 1)):
         lines.append(f"  note     other processes used {m['host_other_cores']:.1f} of the machine's "
                      f"{m.get('host_cores', 0):.0f} cores meanwhile: the speed is not this run's alone")
-    gpu = (f"GPU {m.get('peak_gpu_allocated_mb', 0) / 1024:.2f} GB allocated "
-           f"({m.get('peak_gpu_nvml_mb', 0) / 1024:.2f} GB by NVML), ") if m.get("peak_gpu_allocated_mb") else ""
+    gpu = (f"GPU {m['peak_gpu_allocated_mb'] / 1024:.2f} GB allocated ({m['peak_gpu_nvml_mb'] / 1024:.2f} GB by NVML), "
+           if "peak_gpu_allocated_mb" in m else "")  # a CPU run measured none
     lines.append(f"  peaks    {gpu}host {m.get('peak_cpu_rss_mb', 0) / 1024:.2f} GB resident")
     if "train_loss" in m:
         lines.append(f"  loss     {m['train_loss']:.4g} (the mean over the steps)")
@@ -365,14 +364,15 @@ def plot_runs(runs: list[RunResult], log: bool = True):
     x = list(range(len(groups)))
 
     def bars(ax, key, width=0.8, offset=0.0, scale=1.0, **style):
-        stats = [summary(g, key) or (0.0, 0.0, 0.0) for g in groups.values()]
+        nan = float("nan")  # a variant that did not record key: no bar, rather than one of 0
+        stats = [summary(g, key) or (nan, nan, nan) for g in groups.values()]
         heights = [m / scale for m, _, _ in stats]
         errors = [[(m - lo) / scale for m, lo, _ in stats], [(hi - m) / scale for m, _, hi in stats]]
         ax.bar([i + offset for i in x], heights, width, yerr=errors, capsize=3, **style)
 
     memory = [("peak_gpu_allocated_mb", "GPU allocator peak"), ("peak_gpu_nvml_mb", "GPU NVML peak"),
               ("gpu_memory_used_mb", "GPUtil after-before (tutorial)"), ("peak_cpu_rss_mb", "CPU RSS peak")]
-    memory = [m for m in memory if any(r.data.metrics.get(m[0]) for r in loaded)]  # a CPU run has no GPU figures
+    memory = [m for m in memory if any(m[0] in r.data.metrics for r in loaded)]  # a CPU run has no GPU figures
     width = 0.8 / len(memory)
     for i, (key, label) in enumerate(memory):
         bars(axes[0, 0], key, width, (i - (len(memory) - 1) / 2) * width, 1024, label=label)
@@ -381,7 +381,7 @@ def plot_runs(runs: list[RunResult], log: bool = True):
     bars(axes[1, 0], "eval_exact_match", color="tab:purple")
     for ax, title in ((axes[0, 0], "peak memory (GB)"), (axes[0, 1], "steady-state samples/s"),
                       (axes[1, 0], f"held-out exact match after training ({eval_tasks(loaded)})")):
-        ax.set(title=title, xticks=x, xticklabels=list(groups))
+        ax.set(title=title, xticks=x, xticklabels=list(groups), xlim=(-0.5, len(x) - 0.5))  # a bar left out too
         ax.tick_params(axis="x", labelrotation=15, labelsize=8)
     for name, run in zip(_names(loaded), loaded, strict=True):
         axes[1, 1].plot(*loss_curve(client, run.info.run_id), marker="o", label=name)
@@ -487,4 +487,5 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
     if not fits:
         return f"No finished run fits in {memory_budget_gb:g} GB."
     speed, name, peak = max(fits)
-    return f"Fastest within {memory_budget_gb:g} GB: {name} ({speed:.3g} samples/s, peak {peak / 1024:.1f} GB)."
+    used = f"peak {peak / 1024:.1f} GB" if peak is not None else "no GPU: it trained on the CPU"
+    return f"Fastest within {memory_budget_gb:g} GB: {name} ({speed:.3g} samples/s, {used})."

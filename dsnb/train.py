@@ -570,9 +570,10 @@ def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
 
     metrics = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}
     metrics["train_runtime_sec"] = metrics["train_runtime"]
-    metrics["gpu_memory_used_mb"] = gputil_used_mb(s.index) - s.gputil_before
+    if s.device.startswith("cuda"):  # without a GPU nothing was read: no figure, rather than 0
+        metrics["gpu_memory_used_mb"] = gputil_used_mb(s.index) - s.gputil_before
     metrics.update(peaks if s.world == 1 else gather_ranks(peaks))
-    if metrics["peak_gpu_allocated_mb"]:
+    if metrics.get("peak_gpu_allocated_mb"):
         metrics["est_error_gpu"] = s.plan.estimate["est_peak_gpu_mb"] / metrics["peak_gpu_allocated_mb"] - 1
     metrics["est_error_host"] = s.plan.estimate["est_peak_host_mb"] / metrics["peak_cpu_rss_mb"] - 1
     metrics.update(s.timer.throughput())

@@ -126,7 +126,8 @@ closed-book text stays as `prompt = "eos"`), and every run lands in MLflow with 
         new_code_cell("results = dsnb.compare(cfg)"),
         new_markdown_cell("## Side by side, read back from MLflow\nThe tutorial's metrics first "
                           "(`gpu_memory_used_mb` is its GPUtil after-minus-before reading), then peak memory from "
-                          "the allocator and NVML, steady-state throughput, MFU and the held-out scores. With "
+                          "the allocator and NVML (a run on the CPU records no GPU figure: a blank cell, and no row "
+                          "where no run had a GPU), steady-state throughput, MFU and the held-out scores. With "
                           "repeats: medians, [lowest-highest], and which ratios are within the run-to-run spread."),
         new_code_cell("dsnb.compare_table(results)"),
         new_markdown_cell("## The verdict\nEach difference with its p-value (how often runs that differ only by chance "
@@ -220,7 +221,7 @@ are sizing for: 15 for a T4, 22 for an L4, 40 or 80 for an A100. In a new Colab 
         new_code_cell("dsnb.savings_table(runs)"),
         new_code_cell("dsnb.plot_runs(runs, log=False)"),
         new_markdown_cell("## The fastest variant that fits the budget\nPeak GPU memory as NVML saw it "
-                          "(the CUDA context included), against `memory_budget_gb`."),
+                          "(the CUDA context included), against `memory_budget_gb`; a run on the CPU took none."),
         new_code_cell("print(dsnb.best_for_budget(runs, memory_budget_gb))"),
         new_markdown_cell("## Every run in MLflow's UI\nOn Colab it opens below, inside the notebook (served from this "
                           "runtime on 127.0.0.1); elsewhere the command that opens it for this store is printed."),

@@ -65,6 +65,21 @@ def test_bench_regressions_are_named():
     assert "tutorial pair took 400 s" in regressions(result(2.6, pair=(200, 200)), committed)[0]
 
 
+def test_the_bench_table_leaves_a_peak_no_run_measured_blank():
+    """Runs on the CPU record no GPU peak: their cells say "-", not 0 MB."""
+    from dsnb.bench import markdown, summarize
+    from dsnb.tracking import RunResult
+
+    cpu = {"samples_per_second": 3.0, "tokens_per_second": 90.0, "mfu": 0.01, "step_time_ms": 30.0, "loss": 6.0,
+           "peak_cpu_rss_mb": 900.0}
+    row = dict(summarize("tutorial", [RunResult("r", "tutorial", "FINISHED", "", cpu, wall_seconds=9.0)]),
+               ratio_to_tutorial=1.0)
+    assert row["peak_gpu_allocated_mb"] is None and row["peak_cpu_rss_mb"] == 900.0
+    text = markdown({"gpu": "cpu", "command": "python -m dsnb bench --offline", "untimed_steps": 3, "timed_steps": 10,
+                     "mfu_convention": "6N", "variants": [row]})
+    assert "| tutorial | 3 [3-3] | 90 | 1.00% | 30 | - | - | 6.000 | 1.0x | 1/1 |" in text, text
+
+
 @pytest.mark.integration
 def test_an_installed_dsnb_carries_its_bench_and_presets(tmp_path):
     """The wheel pip builds from the repository (as the Colab setup cell installs it) holds the bench's variants and

@@ -59,6 +59,7 @@ def test_capacity_map_runs_every_cell_and_keeps_going(workdir):
     assert list(table["variant"]) == ["lora", "full_zero2", "broken"] and set(table["model"]) == {"synthetic:tiny"}
     assert list(table["status"]) == ["FINISHED", "FINISHED", "FAILED"]
     assert (table["samples_per_second"][:2] > 0).all()
+    assert table["peak_allocated_gb"].isna().all() and (table["peak_host_gb"][:2] > 0).all()  # no GPU: no 0 GB
     assert list(table.loc[2, ["0.5 GB", "1 GB"]]) == ["failed", "failed"]
     # No GPU here: nothing was taken from one, so both finished runs fit; the faster one is named.
     assert list(table["training"]) == ["LoRA", "full", "LoRA"]

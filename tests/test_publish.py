@@ -80,6 +80,7 @@ def test_every_saved_folder_carries_a_model_card_and_no_local_path(trained):
         assert "synthetic:tiny" in card and "dsnb's synthetic SQuAD-format set" in card
         assert "| held-out questions (reading the passage) | exact match" in card and "samples/s" in card
         assert "LoRA r 16" in card and "base weights 8bit" in card and f"`{result.run_id}`" in card
+        assert "| memory | peak host " in card and "GPU 0.0 GB" not in card  # trained on the CPU: no GPU figure
         for path in saved.rglob("*.json"):
             text = path.read_text()
             assert "/.cache/" not in text and str(folder) + "/mlartifacts" not in text, path

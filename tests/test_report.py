@@ -119,6 +119,8 @@ def test_the_best_run_for_a_budget_follows_the_capacity_maps_rule(workdir):
     assert pick.startswith("Fastest within 15 GB: slow_fits (3 samples/s"), pick
     assert best_for_budget([fast_tight, slow_fits], 16).startswith("Fastest within 16 GB: fast_tight")
     assert best_for_budget([fast_tight], 9) == "No finished run fits in 9 GB."
+    on_cpu = logged(workdir, "on_cpu", {"samples_per_second": 5.0, "peak_cpu_rss_mb": 900.0})  # took nothing from a GPU
+    assert best_for_budget([on_cpu], 9) == "Fastest within 9 GB: on_cpu (5 samples/s, no GPU: it trained on the CPU)."
 
 
 def test_untimed_steps_beyond_the_run_say_the_throughput_includes_start_up():
@@ -141,17 +143,19 @@ def test_untimed_steps_beyond_the_run_say_the_throughput_includes_start_up():
 
 
 def test_the_table_shows_what_was_recorded_and_no_ratio_of_the_machines_load(workdir):
-    """A metric no run recorded has no row (the recall scores of runs that read the passage), and the host's load is
-    shown beside each variant but never as a ratio (one near-zero reading over another is no finding)."""
+    """A metric no run recorded has no row (the recall scores of runs that read the passage, GPU memory where every
+    run trained on the CPU), a variant that did not record it a blank cell, and the host's load is shown beside each
+    variant but never as a ratio (one near-zero reading over another is no finding)."""
     from dsnb.report import compare_table
 
-    cpu = {"peak_gpu_allocated_mb": 0.0, "peak_gpu_nvml_mb": 0.0}  # what a run on the CPU records
+    cpu = {"peak_cpu_rss_mb": 900.0}  # what a run on the CPU records: no GPU figure
     a = logged(workdir, "a", {"samples_per_second": 10.0, "host_other_cores": 1e-12, "eval_exact_match": 0.5, **cpu})
     b = logged(workdir, "b", {"samples_per_second": 8.0, "host_other_cores": 0.03, "eval_exact_match": 0.5, **cpu})
     table = compare_table([a, b])
     assert "recall_exact_match" not in table.index and "host_other_cores" in table.index
     assert "peak_gpu_allocated_mb" not in table.index and "peak_gpu_nvml_mb" not in table.index  # no GPU: no 0 MB row
     c = logged(workdir, "c", {"samples_per_second": 9.0, "peak_gpu_allocated_mb": 4723.0, "peak_gpu_nvml_mb": 0.0})
-    gpu = compare_table([a, c])  # one GPU run: its peak shows beside the CPU run's 0
-    assert gpu.loc["peak_gpu_allocated_mb", "c"] == "4,723" and gpu.loc["peak_gpu_allocated_mb", "a"] == "0"
+    gpu = compare_table([a, c])  # one GPU run: its peak shows beside the CPU run's blank cell, never a 0
+    assert gpu.loc["peak_gpu_allocated_mb", "c"] == "4,723" and gpu.loc["peak_gpu_allocated_mb", "a"] == ""
+    assert gpu.loc["peak_gpu_nvml_mb", "c"] == "0" and gpu.loc["peak_gpu_allocated_mb", "c / a"] == ""  # a GPU's 0
     assert table.loc["host_other_cores", "b / a"] == "" and table.loc["samples_per_second", "b / a"] == "0.80x"

@@ -50,6 +50,22 @@ def test_tutorial_8bit_lora_zero2_offload_runs_on_cpu(workdir):
     assert {"deepspeed_config.json", "environment.json", "model", "train.log"} <= artifacts
 
 
+def test_a_run_on_the_cpu_records_no_gpu_memory(tmp_path):
+    """Without a GPU nothing measured GPU memory: a finished run and a failed one log none of its figures (no 0 MB
+    claiming a measurement), only the host's peak."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    done = RunConfig(**dict(OFFLINE, quantization="none", max_steps=2, eval_samples=0, save_model=False),
+                     tracking_uri=uri, output_dir=str(tmp_path / "runs"), run_name="done")
+    broken = done.replace(lora_targets="no_such_module", run_name="broken")  # fails as the model is set up
+    results = run_all([done, broken], progress=False)
+    assert [r.status for r in results] == ["FINISHED", "FAILED"], results
+    gpu = {"gpu_memory_used_mb", "est_error_gpu"}
+    for result in results:
+        logged = mlflow.MlflowClient(uri).get_run(result.run_id).data.metrics
+        assert not [k for k in logged if k.startswith("peak_gpu_") or k in gpu], (result.name, sorted(logged))
+        assert logged["peak_cpu_rss_mb"] > 100  # what it measured, failed or not
+
+
 def test_fast_recipe_keeps_the_math(tmp_path):
     """Per-batch padding and one micro-batch of 8 train exactly what padding to max_length and 2 x 4 do."""
     from dsnb.bench import bench_variants
@@ -145,6 +161,7 @@ def test_two_processes_record_each_ranks_peak(tmp_path):
     assert 0.1 * metrics["step_time_ms"] < sum(phases) <= 1.05 * metrics["step_time_ms"], metrics
     ranks = [metrics["peak_cpu_rss_mb_rank0"], metrics["peak_cpu_rss_mb_rank1"]]
     assert min(ranks) > 100 and metrics["peak_cpu_rss_mb"] == max(ranks)
+    assert not [k for k in metrics if k.startswith("peak_gpu_")]  # no rank had a GPU: no rank's GPU figure
     client = mlflow.MlflowClient(uri)
     assert len(loss_curve(uri, result.run_id)) == 3  # one run, logged once, not once per rank
     # Each rank holds a partition of every weight; the counts are still the whole model's.
