@@ -13,6 +13,9 @@ LEVER is one of:
   nodrop   filled with LoRA dropout 0 instead of the tutorial's 0.05 (its random masks are elementwise work)
   cdt      base with inductor's coordinate-descent tuning of its Triton kernels (norms, rotary, SiLU)
   rows256  base with rows of 256 tokens (attention per token halves; more of each row is tail padding)
+  now      the bench's throughput_compiled as it is (12 rows of 1024 tokens, the passage prompt), LoRA's dropout masks
+           drawn by dsnb's own kernel, four to a Philox call (dsnb/dropout.py)
+  inddrop  now with inductor's dropout instead, one Philox call an element inside the kernel that uses the mask
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)
 
 Prints (and with --out appends) one JSON line: the lever, samples/s, real tokens/s, MFU, step time and mean loss
@@ -28,7 +31,7 @@ def main() -> None:
     from dsnb.bench import bench_configs
 
     p = argparse.ArgumentParser()
-    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256"))
+    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -36,9 +39,15 @@ def main() -> None:
     p.add_argument("--offline", action="store_true")
     a = p.parse_args()
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
-    cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers",
-                      max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
-                      prompt="eos")  # as the levers were measured: closed-book samples, rows of 512
+    cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
+    if a.lever in ("now", "inddrop"):
+        if a.lever == "inddrop":
+            from dsnb import dropout
+
+            dropout.use_keep_masks = lambda model: 0
+        return record(a, train.train(cfg))
+    cfg = cfg.replace(max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
+                      prompt="eos")  # as the first levers were measured: closed-book samples, rows of 512
     if a.lever in ("base", "flex", "cdt", "rows256"):  # 256 samples a step (offline 16), packed as a batch needs
         cfg = cfg.replace(padding="packed", batch_size=16 if a.offline else 256, num_samples=64 if a.offline else 1024,
                           attention="flex" if a.lever == "flex" else "sdpa")
@@ -50,7 +59,10 @@ def main() -> None:
         torch._inductor.config.coordinate_descent_tuning = True
     elif a.lever == "rows256":
         cfg = cfg.replace(max_length=256)
-    metrics = train.train(cfg)
+    record(a, train.train(cfg))
+
+
+def record(a, metrics: dict) -> None:
     keys = ("samples_per_second", "tokens_per_second", "mfu", "step_time_ms", "train_loss", "peak_gpu_allocated_mb")
     line = json.dumps({"lever": a.lever, **{k: metrics.get(k) for k in keys}})
     print(line)

@@ -9,7 +9,7 @@ A notebook uses it like this:
     dsnb.plot_runs(results); dsnb.answers(results)
 
 Modules, lowest layer first (each imports only from those before it): config; data, model, zero, metrics,
-estimate, evaluate, card; preflight; tracking; flat_step, loop, train; launch, publish; compare, sweep, bench,
+estimate, evaluate, card; preflight; tracking; flat_step, dropout, loop, train; launch, publish; compare, sweep, bench,
 capacity; report; notebook; cli.
 """
 import importlib

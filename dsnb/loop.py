@@ -131,6 +131,10 @@ class PlainStep:
         self.optimizer, self.scheduler = trainer.optimizer, trainer.lr_scheduler
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.cuda = self.device.type == "cuda" and cfg.cuda_graphs
+        if self.device.type == "cuda":  # LoRA's dropout masks drawn four to a Philox call (dsnb/dropout.py)
+            from . import dropout
+
+            dropout.use_keep_masks(model)
         # Static shapes: each batch shape (few: bucket rounds lengths to 64 tokens, packed rounds row counts to
         # PACK_ROWS, filled has one) compiles once, and "reduce-overhead" replays it as CUDA graphs.
         self.forward = torch.compile(model, mode="reduce-overhead" if self.cuda else None, dynamic=False)
@@ -278,5 +282,7 @@ def write_profile(profiler, path: str, step: int, wall_ms: float) -> None:
     with open(path, "w") as f:
         f.write(f"step {step}: wall {wall_ms:.1f} ms, GPU kernels {gpu_ms:.1f} ms (annotations left out)\n\n")
         if gpu_ms:
-            f.write("By GPU time:\n" + events.table(sort_by="self_device_time_total", row_limit=30) + "\n\n")
+            # Inductor's kernel names say what each fused kernel holds: the full width, so they can be told apart.
+            f.write("By GPU time:\n" + events.table(sort_by="self_device_time_total", row_limit=60,
+                                                     max_name_column_width=200) + "\n\n")
         f.write("By host time:\n" + events.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
