@@ -132,7 +132,7 @@ class PlainStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.cuda = self.device.type == "cuda" and cfg.cuda_graphs
         if self.device.type == "cuda":  # LoRA's dropout masks drawn four to a Philox call (dsnb/dropout.py)
-            from . import dropout
+            from . import dropout  # deferred: only a GPU run swaps its dropouts (the module loads torch at import)
 
             dropout.use_keep_masks(model)
         # Static shapes: each batch shape (few: bucket rounds lengths to 64 tokens, packed rounds row counts to
