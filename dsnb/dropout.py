@@ -65,9 +65,15 @@ def keep_mask_op():
     if _OP is None:
         from torch.library import triton_op, wrap_triton
 
+        from triton.runtime.jit import JITFunction
+
+        # Triton's interpreter (TRITON_INTERPRET=1: the CPU tests) makes the kernel an InterpretedFunction, which
+        # wrap_triton refuses before torch 2.13; called as it is, it runs the same code eagerly.
+        wrap = wrap_triton if isinstance(keep_kernel(), JITFunction) else (lambda kernel: kernel)
+
         @triton_op("dsnb::keep_mask", mutates_args={})
         def keep_mask(seed: torch.Tensor, like: torch.Tensor, p: float) -> torch.Tensor:
-            return launch(seed, torch.empty(like.shape, dtype=torch.bool, device=like.device), p, wrap_triton)
+            return launch(seed, torch.empty(like.shape, dtype=torch.bool, device=like.device), p, wrap)
 
         _OP = keep_mask
     return _OP
