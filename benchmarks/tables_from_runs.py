@@ -103,7 +103,8 @@ def levers() -> None:
     lines = ["# The throughput mode's levers on one H200", "",
              "`python benchmarks/throughput_levers.py LEVER --out levers.jsonl` for base, flex, rows256 and cdt in one "
              "call, then flex and base in a second; filled, flex, nodrop, filled, flex, nodrop in a third, a later "
-             "session (listing: h200_runs/throughput_levers.jsonl; 8 untimed and 12 timed steps)", "",
+             "session; inddrop in a fourth, after three cold repeats of the throughput mode (listing: "
+             "h200_runs/throughput_levers.jsonl; 8 untimed and 12 timed steps)", "",
              "| call | lever | run | samples/s | real tokens/s | MFU | step ms | mean loss |",
              "|---|---|---|---|---|---|---|---|"]
     seen: dict[str, int] = {}
@@ -114,6 +115,25 @@ def levers() -> None:
                      f"{r['train_loss']:.3f} |")
     with open(os.path.join(HERE, "throughput_levers_h200.md"), "w") as f:
         f.write("\n".join(lines) + "\n" + notes("throughput_levers_h200.md"))
+
+
+def keepmask() -> None:
+    """throughput_keepmask_h200.md: the throughput mode's cold repeats with dsnb's dropout kernel, by call."""
+    with open(os.path.join(RUNS, "throughput_keepmask.jsonl")) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    lines = ["# The throughput mode from a cold compile cache, LoRA's dropout masks from dsnb's kernel (one H200)", "",
+             "    REPEATS=3 HINTS=0 PROFILE=1 OUT=out bash benchmarks/gpu_runs.sh throughput   (listing: "
+             "h200_runs/throughput_keepmask.jsonl; profile: profile_throughput_keepmask_h200.txt)", "",
+             "| variant | MLflow run | status | samples/s | real tokens/s | MFU | step ms | peak alloc MB | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        m = r["metrics"]
+        variant = f"call{r['call']}_" + r["name"].removeprefix("throughput_compiled_")  # MLflow names repeat by call
+        lines.append(f"| {variant} | {r['name']} | {r['status']} | {m['samples_per_second']:.1f} | "
+                     f"{m['tokens_per_second']:,.0f} | {100 * m['mfu']:.2f}% | {m['step_time_ms']:.1f} | "
+                     f"{m['peak_gpu_allocated_mb']:,.0f} | {r['wall_seconds']:.0f} |")
+    with open(os.path.join(HERE, "throughput_keepmask_h200.md"), "w") as f:
+        f.write("\n".join(lines) + "\n" + notes("throughput_keepmask_h200.md"))
 
 
 def capacity(listings: list[str], spec: str, stem: str, command: str) -> None:
@@ -255,6 +275,7 @@ if __name__ == "__main__":
           "(h200_runs/deepcompile.jsonl)", 8, 16, 1, "zero3")
     curve_gaps("deepcompile.jsonl", [("zero3_dc", "zero3")], "deepcompile_h200")
     levers()
+    keepmask()
     capacity(["capacity.jsonl", "capacity_zero3.jsonl", "big.jsonl"], "variants/capacity_map.yaml", "capacity_map_h200",
              "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.jsonl, "
              "then capacity_zero3.jsonl and big.jsonl)")

@@ -5,10 +5,11 @@ Philox call.
 
 Inductor draws a dropout mask inside the fused kernel that uses it, one Philox call (ten rounds of 32-bit multiplies)
 for each element. On the throughput mode's step (the 3B shape, 12 x 1024 tokens, LoRA on q and v) the two masks of a
-layer made its norm kernel take 467 us where its twin without dropout takes 87 (benchmarks/results/
-profile_throughput_compiled_h200.txt): 12 of the step's 320 ms. KeepMaskDropout draws the mask in a Triton kernel of
-its own, four elements from each call's four 32-bit words, as a bool tensor: the fused kernel reads it where it drew
-it, and saves it for the backward as it saved its own.
+layer made its norm kernel take 467 us where its twin without dropout takes 87 (benchmarks/results/archive/
+profile_throughput_inductor_dropout_h200.txt): 12.6 of the step's 320 ms. KeepMaskDropout draws the mask in a
+Triton kernel of its own, four elements from each call's four 32-bit words, as a bool tensor: the fused kernel reads
+it where it drew it, and saves it for the backward as it saved its own. Measured: 6.4 ms where there were 12.6, and
+the mode's cold repeats at 50.2-50.7% MFU (benchmarks/results/throughput_keepmask_h200.md).
 
 What is trained does not change: each element is kept with probability 1 - p, independently (a 24-bit uniform against
 p, as torch's own dropout draws it), and kept elements are scaled by 1 / (1 - p). The random stream differs from
