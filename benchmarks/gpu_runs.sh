@@ -13,6 +13,7 @@
 #   OUT=out bash benchmarks/gpu_runs.sh notebook01   # notebook 01 under colab_t4 to its last cell, saved models reloaded
 #   OUT=out bash benchmarks/gpu_runs.sh colab        # notebook 01 under the colab_t4 preset (GPU 0) beside the T4
 #                                                    # fast recipe in fp16 and compiled DeepSpeed variants (GPU 1)
+#   OUT=out bash benchmarks/gpu_runs.sh t4drop       # the T4 fast recipe compiled in fp16: inductor's dropout masks, then dsnb's
 #   OUT=out bash benchmarks/gpu_runs.sh speed        # the bench's compiled ZeRO and full fine-tuning variants
 #   OUT=out bash benchmarks/gpu_runs.sh last         # the same, one `dsnb run` each, with stacks of a hung step
 #   OUT=out bash benchmarks/gpu_runs.sh profile      # one profiled step of the LoRA recipes that miss their targets
@@ -313,8 +314,18 @@ rows)  # the throughput mode's rows from a cold compile cache each: 24 rows of 5
   done
   dump rows
   ;;
+t4drop)  # the colab_t4 preset's fast recipe compiled in fp16 on the default (passage) prompt, LoRA's dropout masks
+  # drawn by inductor (as before dsnb/dropout.py) and then by dsnb's kernel, one after the other in one call
+  prebuild synthetic:llama-3.2-3b
+  T4=("${B3[@]}" --preset colab_t4 --quantization none --padding bucket --batch_size 8 --grad_accum 1 --max_steps 40
+      --untimed_steps 10 --logging_steps 1 --eval_samples 0 --experiment t4_fast --torch_compile true)
+  timeout 150 python3 -c "import sys; from dsnb import dropout; dropout.use_keep_masks = lambda model: 0
+from dsnb.cli import main; sys.exit(main(sys.argv[1:]))" run "${T4[@]}" --run_name t4_inddrop > "$OUT/t4_inddrop.log" 2>&1
+  timeout 150 python3 -m dsnb run "${T4[@]}" --run_name t4_keepmask > "$OUT/t4_keepmask.log" 2>&1
+  dump t4drop
+  ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|zerographs|graphscheck|deepcompile|scale4|rows [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|zerographs|graphscheck|deepcompile|scale4|rows|t4drop [more]" >&2
   exit 2
   ;;
 esac

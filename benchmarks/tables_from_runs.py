@@ -276,6 +276,11 @@ if __name__ == "__main__":
     curve_gaps("deepcompile.jsonl", [("zero3_dc", "zero3")], "deepcompile_h200")
     levers()
     keepmask()
+    table("t4_passage.jsonl", ["t4_inddrop", "t4_keepmask", "t4_fp16_compiled_keepmask"], "t4_passage_h200",
+          "OUT=out bash benchmarks/gpu_runs.sh t4drop   (h200_runs/t4_passage.jsonl; t4_fp16_compiled_keepmask: the "
+          "colab stage's t4_fp16_compiled command, a call before)", 10, 30, 1, "t4_inddrop")
+    curve_gaps("t4_passage.jsonl", [("t4_keepmask", "t4_inddrop"), ("t4_keepmask", "t4_fp16_compiled_keepmask")],
+               "t4_passage_h200")
     capacity(["capacity.jsonl", "capacity_zero3.jsonl", "big.jsonl"], "variants/capacity_map.yaml", "capacity_map_h200",
              "python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2   (listings: h200_runs/capacity.jsonl, "
              "then capacity_zero3.jsonl and big.jsonl)")
