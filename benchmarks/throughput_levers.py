@@ -41,11 +41,7 @@ def main() -> None:
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
     if a.lever in ("now", "inddrop"):
-        if a.lever == "inddrop":
-            from dsnb import dropout
-
-            dropout.use_keep_masks = lambda model: 0
-        return record(a, train.train(cfg))
+        return record(a, train.train(cfg.replace(dropout_kernel=a.lever == "now")))
     cfg = cfg.replace(max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
                       prompt="eos")  # as the first levers were measured: closed-book samples, rows of 512
     if a.lever in ("base", "flex", "cdt", "rows256"):  # 256 samples a step (offline 16), packed as a batch needs

@@ -55,10 +55,10 @@ SEED_MAX = 2**32 - 1  # numpy's seed range, which transformers' set_seed goes th
 # The fields that do not change what is trained or asked: how it is run (DeepSpeed, compiling, attention kernels),
 # measured, kept and named. Every other field sets the work, and same_work compares it (a new field does, by default).
 NOT_WORK = ("preset", "strategy", "offload_optimizer", "offload_param", "nvme_path", "ds_config_path", "torch_compile",
-            "cuda_graphs", "zero_flat_step", "deepcompile", "loss_scale", "attention", "logging_steps", "phase_times",
-            "checkpoint_steps", "checkpoint_minutes", "untimed_steps", "profile", "memory_budget_gb", "ram_budget_gb",
-            "host_ram_check", "repeats", "results_folder", "tracking_uri", "experiment", "run_name", "save_model",
-            "output_dir")
+            "cuda_graphs", "zero_flat_step", "deepcompile", "loss_scale", "attention", "dropout_kernel",
+            "logging_steps", "phase_times", "checkpoint_steps", "checkpoint_minutes", "untimed_steps", "profile",
+            "memory_budget_gb", "ram_budget_gb", "host_ram_check", "repeats", "results_folder", "tracking_uri",
+            "experiment", "run_name", "save_model", "output_dir")
 
 
 class ConfigError(ValueError):
@@ -159,6 +159,10 @@ class RunConfig:
     """sdpa (PyTorch's scaled-dot-product attention) | flex: flex attention, whose block mask skips the blocks of
     packed rows where no sample meets another (needs padding packed or filled, torch_compile true, strategy baseline
     and a GPU; measured on an H200)."""
+    dropout_kernel: bool = True
+    """In dsnb's compiled loop on a GPU (not under DeepCompile), LoRA's dropout masks come from dsnb's Triton kernel,
+    four elements a Philox call (dsnb/dropout.py), where inductor draws one call an element inside its fused kernels:
+    the same keep probability and scale, another random stream. False keeps inductor's. Needs torch_compile true."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training and scored (exact match, F1): drawn with a fixed
     seed from the whole validation split (offline: synthetic questions no training row holds), the same for every
@@ -341,6 +345,7 @@ class RunConfig:
                 ("deepcompile", self.torch_compile and stage is not None, "torch_compile true and a zero strategy"),
                 ("loss_scale", self.torch_compile and stage is None, "torch_compile true and strategy baseline"),
                 ("profile", self.torch_compile, "torch_compile true"),
+                ("dropout_kernel", self.torch_compile, "torch_compile true"),
                 ("phase_times", stage is not None, "a zero strategy (DeepSpeed's timers; zero0 is DeepSpeed without "
                                                    "partitioning)")):
             if getattr(self, name) != RunConfig.__dataclass_fields__[name].default and not applies:
@@ -398,7 +403,7 @@ class RunConfig:
         if self.attention != "sdpa":
             parts.append(self.attention)
         for name, part in (("cuda_graphs", "nographs"), ("zero_flat_step", "dsstep"), ("deepcompile", "deepcompile"),
-                           ("loss_scale", "lossscale")):
+                           ("loss_scale", "lossscale"), ("dropout_kernel", "inddrop")):
             if getattr(self, name) != RunConfig.__dataclass_fields__[name].default:
                 parts.append(part)
         return "_".join(parts)

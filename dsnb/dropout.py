@@ -8,8 +8,8 @@ for each element. On the throughput mode's step (the 3B shape, 12 x 1024 tokens,
 layer made its norm kernel take 467 us where its twin without dropout takes 87 (benchmarks/results/archive/
 profile_throughput_inductor_dropout_h200.txt): 12.6 of the step's 320 ms. KeepMaskDropout draws the mask in a
 Triton kernel of its own, four elements from each call's four 32-bit words, as a bool tensor: the fused kernel reads
-it where it drew it, and saves it for the backward as it saved its own. Measured: 6.4 ms where there were 12.6, and
-the mode's cold repeats at 50.2-50.7% MFU (benchmarks/results/throughput_keepmask_h200.md).
+it where it drew it, and saves it for the backward as it saved its own. Measured over all 28 layers: 6.6 ms where
+there were 13.0, and the mode's cold repeats at 50.2-50.7% MFU (benchmarks/results/throughput_keepmask_h200.md).
 
 What is trained does not change: each element is kept with probability 1 - p, independently (a 24-bit uniform against
 p, as torch's own dropout draws it), and kept elements are scaled by 1 / (1 - p). The random stream differs from
@@ -86,6 +86,8 @@ class KeepMaskDropout(torch.nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
+        if x.numel() >= 2**31:  # the kernel's offsets are 32-bit: torch's own dropout for a tensor this large
+            return torch.nn.functional.dropout(x, self.p, True)
         seed = torch.randint(0, 2**62, (1,), device=x.device)  # a fresh stream each call, drawn from torch's generator
         keep = torch.ops.dsnb.keep_mask(seed, x, self.p)
         return x * keep * (1 / (1 - self.p))

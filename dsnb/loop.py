@@ -38,6 +38,7 @@ import math
 import time
 import warnings
 
+from .config import ConfigError
 from .flat_step import take_over
 
 LOG_FLUSH = 32  # logged steps kept on the device before one host read sends them to MLflow
@@ -117,6 +118,19 @@ def step_batches(trainer, loader, accum: int, max_steps: int, device):
         epoch += 1
 
 
+def keep_masks(model, cfg, device) -> None:
+    """On a GPU, LoRA's dropout masks from dsnb's kernel, four elements a Philox call (cfg.dropout_kernel; dsnb/
+    dropout.py), swapped in before the model is compiled."""
+    if device.type == "cuda" and cfg.dropout_kernel:
+        from . import dropout  # deferred: only a GPU run swaps its dropouts (the module loads torch at import)
+
+        try:
+            dropout.use_keep_masks(model)
+        except ImportError as e:  # torch.library's triton_op came in torch 2.6, Triton with torch's CUDA builds
+            raise ConfigError(f"dropout_kernel: dsnb's dropout kernel cannot load here ({e}); set dropout_kernel "
+                              "false to keep inductor's masks") from e
+
+
 class PlainStep:
     """One optimizer step without DeepSpeed: the compiled model, the Trainer's AdamW and schedule, clipping, and a
     loss scaler for fp16."""
@@ -131,10 +145,7 @@ class PlainStep:
         self.optimizer, self.scheduler = trainer.optimizer, trainer.lr_scheduler
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.cuda = self.device.type == "cuda" and cfg.cuda_graphs
-        if self.device.type == "cuda":  # LoRA's dropout masks drawn four to a Philox call (dsnb/dropout.py)
-            from . import dropout  # deferred: only a GPU run swaps its dropouts (the module loads torch at import)
-
-            dropout.use_keep_masks(model)
+        keep_masks(model, cfg, self.device)
         # Static shapes: each batch shape (few: bucket rounds lengths to 64 tokens, packed rounds row counts to
         # PACK_ROWS, filled has one) compiles once, and "reduce-overhead" replays it as CUDA graphs.
         self.forward = torch.compile(model, mode="reduce-overhead" if self.cuda else None, dynamic=False)
@@ -191,6 +202,8 @@ class DeepSpeedStep:
         self.device = self.engine.device
         cuda = torch.device(self.device).type == "cuda"
         self.flat = cfg.zero_flat_step and take_over(self.engine)
+        if not self.engine.is_deepcompile_enabled():  # DeepCompile's passes have not been measured with the kernel
+            keep_masks(self.engine.module, cfg, torch.device(self.device))
         # DeepCompile's backend is a function of its own, which takes no torch.compile mode (and so no CUDA graphs).
         largest = max((p.numel() for p in self.engine.module.parameters() if p.requires_grad), default=0)
         copied = (self.flat and cfg.zero_stage == 2) or (

@@ -79,6 +79,7 @@ def test_offline_compare_end_to_end(workdir):
     (["--memory_budget_gb", "15"], "memory_budget_gb caps GPU memory and this machine has no GPU"),
     (["--strategy", "zero2", "--ds_config_path", "missing.json"], "ds_config 'missing.json' does not exist"),
     (["--model", "synthetic:huge"], "synthetic shapes are"),
+    (["--dropout_kernel", "false"], "dropout_kernel is False but applies only with torch_compile true"),
 ])
 def test_invalid_configuration_exits_2_with_one_line(here, flags, message):
     done = here("run", "--offline", *flags)

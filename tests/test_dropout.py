@@ -23,10 +23,15 @@ for p in (0.05, 0.5):
     B = dropout.BLOCK
     out[str(p)] = {"kept": flat.mean().item(), "n": n,
                    # the four words of one Philox call land BLOCK elements apart: kept together as often as apart
-                   "pairs": (flat[:-B] * flat[B:]).mean().item(), "dtype": str(keep.dtype), "shape": list(keep.shape)}
+                   "pairs": (flat[:-B] * flat[B:]).mean().item(),
+                   # one program's elements against the next program's, 4 BLOCK apart: another Philox counter
+                   "programs": (flat[:-4 * B] * flat[4 * B:]).mean().item(),
+                   "dtype": str(keep.dtype), "shape": list(keep.shape)}
 a = torch.ops.dsnb.keep_mask(torch.tensor([7]), torch.empty(n), 0.05)
 b = torch.ops.dsnb.keep_mask(torch.tensor([8]), torch.empty(n), 0.05)
 out["seeds_agree"] = (a == b).float().mean().item()
+high = torch.ops.dsnb.keep_mask(torch.tensor([2**40 + 7]), torch.empty(n), 0.05)  # a seed's upper 32 bits count
+out["high_bits_agree"] = (a == high).float().mean().item()
 out["same_seed_same"] = torch.equal(a, torch.ops.dsnb.keep_mask(torch.tensor([7]), torch.empty(n), 0.05))
 buf = torch.zeros(n + 4096, dtype=torch.bool)
 dropout.launch(torch.tensor([3]), buf[:n], 0.0)  # p 0 keeps all: every element written, none past the end
@@ -66,12 +71,14 @@ def test_each_element_is_kept_with_probability_one_minus_p_independently(probe, 
     assert within(r["kept"], q, (q * p / n) ** 0.5), r
     # pairs one Philox call apart (its words 0-1, 1-2, 2-3) and across calls: q**2 if independent
     assert within(r["pairs"], q * q, (q * q * (1 - q * q) / n) ** 0.5 * 2), r
+    assert within(r["programs"], q * q, (q * q * (1 - q * q) / n) ** 0.5 * 2), r
 
 
 def test_seeds_give_independent_masks_and_a_seed_its_own(probe):
     p, n = 0.05, probe["0.05"]["n"]
     agree = p * p + (1 - p) ** 2
     assert within(probe["seeds_agree"], agree, (agree * (1 - agree) / n) ** 0.5), probe
+    assert within(probe["high_bits_agree"], agree, (agree * (1 - agree) / n) ** 0.5), probe
     assert probe["same_seed_same"]
 
 
@@ -97,6 +104,27 @@ def test_every_lora_dropout_of_a_peft_model_is_swapped_with_its_p():
     assert dropout.use_keep_masks(model) == 0  # swapped once
     plain, _ = load_model(RunConfig(**dict(OFFLINE, quantization="none", lora_dropout=0.0)), "cpu")
     assert dropout.use_keep_masks(plain) == 0  # peft's p 0 is no dropout at all
+
+
+def test_the_compiled_loop_swaps_on_a_gpu_unless_dropout_kernel_is_false():
+    import torch
+
+    from dsnb import dropout
+    from dsnb.config import OFFLINE, RunConfig
+    from dsnb.loop import keep_masks
+    from dsnb.model import load_model
+
+    base = dict(OFFLINE, quantization="none", lora_dropout=0.1, torch_compile=True, padding="bucket")
+    model, _ = load_model(RunConfig(**base), "cpu")
+
+    def swapped():
+        return sum(type(d) is dropout.KeepMaskDropout for d in model.modules())
+
+    keep_masks(model, RunConfig(**base, dropout_kernel=False), torch.device("cuda"))
+    keep_masks(model, RunConfig(**base), torch.device("cpu"))  # the CPU keeps torch's dropout
+    assert swapped() == 0
+    keep_masks(model, RunConfig(**base), torch.device("cuda"))
+    assert swapped() == sum(hasattr(m, "lora_dropout") for m in model.modules()) > 0
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU (run on the GPU machine)")
