@@ -14,7 +14,6 @@
 #   OUT=out bash benchmarks/gpu_runs.sh colab        # notebook 01 under the colab_t4 preset (GPU 0) beside the T4
 #                                                    # fast recipe in fp16 and compiled DeepSpeed variants (GPU 1)
 #   OUT=out bash benchmarks/gpu_runs.sh t4drop       # the T4 fast recipe compiled in fp16: inductor's dropout masks, then dsnb's
-#   OUT=out bash benchmarks/gpu_runs.sh zerodrop     # LoRA compiled under ZeRO-2 and ZeRO-3, with and without the kernel
 #   OUT=out bash benchmarks/gpu_runs.sh speed        # the bench's compiled ZeRO and full fine-tuning variants
 #   OUT=out bash benchmarks/gpu_runs.sh last         # the same, one `dsnb run` each, with stacks of a hung step
 #   OUT=out bash benchmarks/gpu_runs.sh profile      # one profiled step of the LoRA recipes that miss their targets
@@ -324,19 +323,8 @@ t4drop)  # the colab_t4 preset's fast recipe compiled in fp16 on the default (pa
   timeout 150 python3 -m dsnb run "${T4[@]}" --run_name t4_keepmask > "$OUT/t4_keepmask.log" 2>&1
   dump t4drop
   ;;
-zerodrop)  # LoRA under compiled ZeRO-2 (the flat step) and ZeRO-3: dsnb's dropout kernel, then inductor's masks
-  prebuild synthetic:llama-3.2-3b
-  for v in fast_zero2_compiled fast_zero3_compiled; do
-    for kernel in true false; do
-      timeout 130 python3 -m dsnb run $(bench_flags $v 4 12) --dropout_kernel $kernel --tracking_uri "$DB" \
-        --experiment dsnb_zerodrop --run_name "${v}_kernel_$kernel" > "$OUT/${v}_kernel_$kernel.log" 2>&1
-      echo "${v} kernel $kernel exit $?: $(grep -E '^  speed' "$OUT/${v}_kernel_$kernel.log")"
-    done
-  done
-  dump zerodrop
-  ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|zerodrop [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|zerographs|graphscheck|deepcompile|scale4|rows|t4drop [more]" >&2
   exit 2
   ;;
 esac

@@ -160,9 +160,10 @@ class RunConfig:
     packed rows where no sample meets another (needs padding packed or filled, torch_compile true, strategy baseline
     and a GPU; measured on an H200)."""
     dropout_kernel: bool = True
-    """In dsnb's compiled loop on a GPU (not under DeepCompile), LoRA's dropout masks come from dsnb's Triton kernel,
-    four elements a Philox call (dsnb/dropout.py), where inductor draws one call an element inside its fused kernels:
-    the same keep probability and scale, another random stream. False keeps inductor's. Needs torch_compile true."""
+    """In dsnb's compiled loop on a GPU without DeepSpeed, LoRA's dropout masks come from dsnb's Triton kernel, four
+    elements a Philox call (dsnb/dropout.py), where inductor draws one call an element inside its fused kernels: the
+    same keep probability and scale, another random stream. False keeps inductor's. Needs torch_compile true and
+    strategy baseline (under ZeRO it has not been measured on a GPU, and inductor's masks stay)."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training and scored (exact match, F1): drawn with a fixed
     seed from the whole validation split (offline: synthetic questions no training row holds), the same for every
@@ -345,7 +346,7 @@ class RunConfig:
                 ("deepcompile", self.torch_compile and stage is not None, "torch_compile true and a zero strategy"),
                 ("loss_scale", self.torch_compile and stage is None, "torch_compile true and strategy baseline"),
                 ("profile", self.torch_compile, "torch_compile true"),
-                ("dropout_kernel", self.torch_compile, "torch_compile true"),
+                ("dropout_kernel", self.torch_compile and stage is None, "torch_compile true and strategy baseline"),
                 ("phase_times", stage is not None, "a zero strategy (DeepSpeed's timers; zero0 is DeepSpeed without "
                                                    "partitioning)")):
             if getattr(self, name) != RunConfig.__dataclass_fields__[name].default and not applies:

@@ -1,5 +1,5 @@
-"""LoRA's dropout in dsnb's compiled loop on a GPU: nn.Dropout's keep mask and scale, its random bits drawn four to a
-Philox call.
+"""LoRA's dropout in dsnb's compiled loop on a GPU without DeepSpeed: nn.Dropout's keep mask and scale, its random
+bits drawn four to a Philox call.
 
     use_keep_masks(model)     # every LoRA dropout of a peft model (p > 0) becomes a KeepMaskDropout
 

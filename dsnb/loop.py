@@ -202,8 +202,6 @@ class DeepSpeedStep:
         self.device = self.engine.device
         cuda = torch.device(self.device).type == "cuda"
         self.flat = cfg.zero_flat_step and take_over(self.engine)
-        if not self.engine.is_deepcompile_enabled():  # DeepCompile's passes have not been measured with the kernel
-            keep_masks(self.engine.module, cfg, torch.device(self.device))
         # DeepCompile's backend is a function of its own, which takes no torch.compile mode (and so no CUDA graphs).
         largest = max((p.numel() for p in self.engine.module.parameters() if p.requires_grad), default=0)
         copied = (self.flat and cfg.zero_stage == 2) or (
