@@ -70,11 +70,17 @@ def regressions(result: dict, baseline: dict, slack: float = 0.5, pair_seconds: 
     """What got worse than a committed bench result: failed runs, a speed-up to the tutorial's recipe
     below `slack` times the committed one, or the offline tutorial pair taking over `pair_seconds`."""
     problems, committed = [], {v["name"]: v for v in baseline["variants"]}
+    mine = {v["name"]: v for v in result["variants"]}
     for row in result["variants"]:
         name, ref = row["name"], committed.get(row["name"], {})
         if row["finished"] < row["repeats"]:
             problems.append(f"{name}: {row['finished']}/{row['repeats']} runs finished")
-        if ref.get("ratio_to_tutorial") and (row["ratio_to_tutorial"] or 0) < slack * ref["ratio_to_tutorial"]:
+        other = [n for n in dict.fromkeys((name, "tutorial")) if other_work(mine.get(n, {}), committed.get(n, {}))]
+        if other and ref.get("ratio_to_tutorial"):  # a ratio to other work says nothing of a regression
+            whose = "" if other[0] == name else f" for {other[0]}, the ratios' reference"
+            problems.append(f"{name}: not compared: {other_work(mine[other[0]], committed[other[0]])}{whose}; "
+                            "make a new baseline from this commit")
+        elif ref.get("ratio_to_tutorial") and (row["ratio_to_tutorial"] or 0) < slack * ref["ratio_to_tutorial"]:
             problems.append(f"{name}: {row['ratio_to_tutorial'] or 0:.2f}x the tutorial's recipe, "
                             f"committed {ref['ratio_to_tutorial']:.2f}x")
     pair = [r["wall_seconds"] for r in result["variants"] if r["name"] in ("tutorial", "tutorial_zero2_offload")]
@@ -82,6 +88,18 @@ def regressions(result: dict, baseline: dict, slack: float = 0.5, pair_seconds: 
         problems.append(f"the tutorial pair took {sum(pair):.0f} s (each run's process, start to end); "
                         f"it must stay under {pair_seconds:.0f} s")
     return problems
+
+
+def other_work(row: dict, ref: dict, tolerance: float = 0.02) -> str:
+    """Why a bench row and its baseline's trained different samples (real tokens a sample, from tokens/s over
+    samples/s, apart by more than tolerance: another prompt, data or max_length), or ""."""
+    def per_sample(r):
+        return (r.get("tokens_per_second") or 0) / r["samples_per_second"] if r.get("samples_per_second") else None
+
+    a, b = per_sample(row), per_sample(ref)
+    if a and b and abs(a - b) > tolerance * b:
+        return f"{a:.1f} real tokens a sample against the baseline's {b:.1f}"
+    return ""
 
 
 def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: int = 10, only: list[str] | None = None,

@@ -65,6 +65,28 @@ def test_bench_regressions_are_named():
     assert "tutorial pair took 400 s" in regressions(result(2.6, pair=(200, 200)), committed)[0]
 
 
+def test_a_baseline_that_trained_other_samples_is_not_compared():
+    """A ratio to the tutorial's recipe measured on other samples (another prompt: 44 against 81 real tokens a
+    sample) says nothing of a regression: the check says so instead of naming one."""
+    from dsnb.bench import regressions
+
+    def result(ratio, tokens, tutorial_tokens=None):
+        rows = [{"name": "tutorial", "ratio_to_tutorial": 1.0, "samples_per_second": 10.0,
+                 "tokens_per_second": 10.0 * (tutorial_tokens or tokens)},
+                {"name": "fast", "ratio_to_tutorial": ratio, "samples_per_second": 10.0 * ratio,
+                 "tokens_per_second": 10.0 * ratio * tokens}]
+        return {"variants": [dict(r, finished=2, repeats=2, wall_seconds=9) for r in rows]}
+
+    committed = result(5.0, 44.0)
+    assert regressions(result(2.0, 44.5), committed) == ["fast: 2.00x the tutorial's recipe, committed 5.00x"]
+    problems = regressions(result(2.0, 81.0), committed)
+    assert len(problems) == 2 and all("not compared: 81.0 real tokens a sample against the baseline's 44.0" in p
+                                      for p in problems)
+    # the tutorial alone trained other samples: every ratio's reference moved
+    [fast] = [p for p in regressions(result(5.0, 44.0, tutorial_tokens=81.0), committed) if p.startswith("fast")]
+    assert "for tutorial, the ratios' reference" in fast
+
+
 def test_the_bench_table_leaves_a_peak_no_run_measured_blank():
     """Runs on the CPU record no GPU peak: their cells say "-", not 0 MB."""
     from dsnb.bench import markdown, summarize
