@@ -55,6 +55,9 @@ prebuild() { python3 -c "import sys; from dsnb.model import resolve_model; [reso
 bench_flags() { echo "-f dsnb/bench.yaml --variant $1 --untimed_steps $2 --max_steps $(($2 + $3)) --logging_steps 1" \
                      "--save_model false --eval_samples 0 --experiment dsnb_bench"; }
 B3=(--model synthetic:llama-3.2-3b --dataset synthetic --save_model false --tracking_uri "$DB")
+# The fast recipe in fp16 as a Colab T4 runs it (the colab_t4 preset): the colab and t4drop stages
+T4_FAST=("${B3[@]}" --preset colab_t4 --quantization none --padding bucket --batch_size 8 --grad_accum 1 --max_steps 40
+         --untimed_steps 10 --logging_steps 1 --eval_samples 0 --experiment t4_fast)
 
 [ $# -gt 0 ] || set -- usage
 for stage in "$@"; do
@@ -156,10 +159,8 @@ colab)  # what a Colab T4 user runs, on an H200 under the T4 preset (fp16, 15 GB
     -p dataset synthetic -p max_steps 16 -p repeats 3 -p eval_samples 16 -p tracking_uri "$DB" \
     -p experiment notebook01_t4 > "$OUT/notebook01_t4.log" 2>&1 &
   # GPU 1: the fast recipe in fp16 as a T4 runs it, under the Trainer and compiled (loss scaler), same batches
-  T4=("${B3[@]}" --preset colab_t4 --quantization none --padding bucket --batch_size 8 --grad_accum 1 --max_steps 40
-      --untimed_steps 10 --logging_steps 1 --eval_samples 0 --experiment t4_fast)
-  CUDA_VISIBLE_DEVICES=1 timeout 140 python3 -m dsnb run "${T4[@]}" --run_name t4_fp16_trainer > "$OUT/t4_trainer.log" 2>&1
-  CUDA_VISIBLE_DEVICES=1 timeout 170 python3 -m dsnb run "${T4[@]}" --torch_compile true --run_name t4_fp16_compiled \
+  CUDA_VISIBLE_DEVICES=1 timeout 140 python3 -m dsnb run "${T4_FAST[@]}" --run_name t4_fp16_trainer > "$OUT/t4_trainer.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 timeout 170 python3 -m dsnb run "${T4_FAST[@]}" --torch_compile true --run_name t4_fp16_compiled \
     > "$OUT/t4_compiled.log" 2>&1
   CUDA_VISIBLE_DEVICES=1 timeout 210 python3 -m dsnb bench --only fast_compiled,fast_zero2_compiled --repeats 1 \
     --untimed 4 --steps 8 --out "$OUT/bench_colab" --tracking_uri "$DB" > "$OUT/bench_colab.log" 2>&1
@@ -317,10 +318,9 @@ rows)  # the throughput mode's rows from a cold compile cache each: 24 rows of 5
 t4drop)  # the colab_t4 preset's fast recipe compiled in fp16 on the default (passage) prompt, LoRA's dropout masks
   # drawn by inductor (as before dsnb/dropout.py) and then by dsnb's kernel, one after the other in one call
   prebuild synthetic:llama-3.2-3b
-  T4=("${B3[@]}" --preset colab_t4 --quantization none --padding bucket --batch_size 8 --grad_accum 1 --max_steps 40
-      --untimed_steps 10 --logging_steps 1 --eval_samples 0 --experiment t4_fast --torch_compile true)
-  timeout 150 python3 -m dsnb run "${T4[@]}" --dropout_kernel false --run_name t4_inddrop > "$OUT/t4_inddrop.log" 2>&1
-  timeout 150 python3 -m dsnb run "${T4[@]}" --run_name t4_keepmask > "$OUT/t4_keepmask.log" 2>&1
+  timeout 150 python3 -m dsnb run "${T4_FAST[@]}" --torch_compile true --dropout_kernel false --run_name t4_inddrop \
+    > "$OUT/t4_inddrop.log" 2>&1
+  timeout 150 python3 -m dsnb run "${T4_FAST[@]}" --torch_compile true --run_name t4_keepmask > "$OUT/t4_keepmask.log" 2>&1
   dump t4drop
   ;;
 *)

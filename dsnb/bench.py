@@ -75,11 +75,13 @@ def regressions(result: dict, baseline: dict, slack: float = 0.5, pair_seconds: 
         name, ref = row["name"], committed.get(row["name"], {})
         if row["finished"] < row["repeats"]:
             problems.append(f"{name}: {row['finished']}/{row['repeats']} runs finished")
-        other = [n for n in dict.fromkeys((name, "tutorial")) if other_work(mine.get(n, {}), committed.get(n, {}))]
-        if other and ref.get("ratio_to_tutorial"):  # a ratio to other work says nothing of a regression
-            whose = "" if other[0] == name else f" for {other[0]}, the ratios' reference"
-            problems.append(f"{name}: not compared: {other_work(mine[other[0]], committed[other[0]])}{whose}; "
-                            "make a new baseline from this commit")
+        # this variant's samples, then the tutorial's (the ratios' reference), against the baseline's
+        moved = [(n, why) for n in dict.fromkeys((name, "tutorial"))
+                 if (why := other_work(mine.get(n, {}), committed.get(n, {})))]
+        if moved and ref.get("ratio_to_tutorial"):  # a ratio to other work says nothing of a regression
+            (which, why), *_ = moved
+            whose = "" if which == name else f" for {which}, the ratios' reference"
+            problems.append(f"{name}: not compared: {why}{whose}; make a new baseline from this commit")
         elif ref.get("ratio_to_tutorial") and (row["ratio_to_tutorial"] or 0) < slack * ref["ratio_to_tutorial"]:
             problems.append(f"{name}: {row['ratio_to_tutorial'] or 0:.2f}x the tutorial's recipe, "
                             f"committed {ref['ratio_to_tutorial']:.2f}x")
