@@ -97,7 +97,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true", help="print every metric at the end, not only the summary")
     sub.add_parser("check", parents=[common, one], help="check a variant without training: its fields, this machine, "
                    "its data (read and validated), and its GPU and host-RAM estimates")
-    sub.add_parser("compare", parents=[common, one], help="run the tutorial's pair and print the table")
+    pair = sub.add_parser("compare", parents=[common, one], help="run the tutorial's pair and print the table (a "
+                          "comparison of this config that finished is shown, not trained again)")
+    pair.add_argument("--again", action="store_true", help="measure it afresh as a new comparison, even where one of "
+                      "this config finished")
     sub.add_parser("sweep", parents=[common], help="execute a notebook per variant of a sweep file (-f); "
                    "field flags override every variant")
     bench = sub.add_parser("bench", help="the tutorial's recipe vs dsnb's fast recipe, repeated; writes "
@@ -243,7 +246,7 @@ def cmd_check(args) -> int:
 
 def cmd_compare(args) -> int:
     cfg = build_config(args)
-    results = compare(cfg)
+    results = compare(cfg, again=args.again)
     print(format_table(compare_table(results)))
     print(f"\n{verdict(results)}\n\nSame work?\n{same_work(results)}")
     print(f"\nOpen the runs side by side: {ui_command(cfg.tracking_uri)}")

@@ -1,17 +1,21 @@
 """The tutorial's comparison: its two variants, repeated where short, each run in its own process, and the offline check
-that training teaches. Run again after an interruption, a comparison continues where it stopped.
+that training teaches. Run again, a comparison is never trained twice.
 
     results = compare(cfg)           # Without_DeepSpeed, With_DeepSpeed, cfg.runs_each times each, interleaved
     quality = quality_check(cfg)     # synthetic:small reads the synthetic passages (the quality preset)
 
-A comparison's runs share a tag (comparison) and know their place in it (repeat). compare() finds the newest
-comparison of the same config in the store: if some of its runs never finished (a Colab runtime that ended, a kernel
-killed), it keeps the finished ones, resumes each interrupted one from its last checkpoint (a run without one runs
-again, the interrupted record kept beside it), and says what it did; once every run of it has finished, compare()
-starts a new comparison.
+A comparison's runs share a tag (comparison) and each knows its place in it (its config's repeat). compare() finds the
+newest comparison of the same config in the store (config.PLACES aside: another spelling of results_folder is the same
+comparison): it keeps every run of it that ended (FINISHED, or FAILED: a variant that ran out of memory is an answer
+too), resumes each interrupted one from its last checkpoint (one without a checkpoint runs again, its KILLED record kept
+beside it), runs the repeats it lacks, and says what it did. A comparison that had finished is shown as it was
+recorded, so a notebook run again after a disconnect trains nothing that finished; compare(cfg, again=True) (the CLI's
+--again) measures it afresh as a new comparison. quality_check() keeps its finished run the same way.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import uuid
 
 from . import tracking
@@ -20,62 +24,87 @@ from .launch import run_all, run_variant
 from .tracking import RunResult, mlflow_client
 
 
-def compare(cfg: RunConfig, progress: bool = True) -> list[RunResult]:
-    """The tutorial's pair, each variant run cfg.runs_each times, interleaved so drift on a shared machine hits
-    both alike; report.compare_table and report.verdict pool the repeats. Continues an interrupted comparison of the
-    same config (module docstring)."""
-    pair, n = tutorial_pair(cfg), cfg.runs_each
-    jobs = [(i, c) for i in range(n) for c in pair]
-    comparison, earlier = unfinished_comparison(cfg, jobs)
+def compare(cfg: RunConfig, progress: bool = True, again: bool = False) -> list[RunResult]:
+    """The tutorial's pair, each variant run cfg.runs_each times (repeat 0, 1, ...), interleaved so drift on a shared
+    machine hits both alike; report.compare_table and report.verdict pool the repeats. Continues, or shows, the newest
+    comparison of the same config unless again (module docstring)."""
+    jobs = [c.replace(repeat=i) for i in range(cfg.runs_each) for c in tutorial_pair(cfg)]
+    comparison, earlier = newest_comparison(cfg, jobs) if not again else (None, {})
+    if comparison is None:
+        comparison = uuid.uuid4().hex[:12]
+    elif all(run_ended(earlier.get(key(c))) for c in jobs):
+        say(progress, f"this comparison ({comparison}) had finished: its {len(jobs)} runs are shown as they were "
+                      "recorded, nothing is trained again (compare(cfg, again=True), or --again, measures it afresh)")
     kept, resumes, cfgs, tags = {}, [], [], []
-    for place, (i, c) in enumerate(jobs):
-        run = earlier.get((c.name, str(i)))
-        if run is not None and run.info.status in ("FINISHED", "FAILED"):
-            kept[place] = RunResult.read(c.tracking_uri, run.info.run_id, skipped=True)
-            say(progress, f"{c.name} (repeat {i + 1}): kept its {run.info.status} run {run.info.run_id}")
+    for place, c in enumerate(jobs):
+        result, resume = reuse(c, earlier.get(key(c)), progress)
+        if result is not None:
+            kept[place] = result
             continue
-        try:
-            checkpoint = tracking.last_checkpoint(run, c) if run is not None else None
-        except ConfigError:  # it had trained every step: its record stays, and the job runs again
-            checkpoint = None
-        if run is not None:
-            say(progress, f"{c.name} (repeat {i + 1}): " + (
-                f"resumes its interrupted run {run.info.run_id} from {checkpoint.rsplit('/', 1)[-1]}" if checkpoint
-                else f"its run {run.info.run_id} stopped before a checkpoint (kept, KILLED); it runs again"))
         cfgs.append(c)
-        tags.append({"repeat": str(i), "comparison": comparison})
-        resumes.append((run.info.run_id, checkpoint) if checkpoint else None)
+        tags.append({"repeat": str(c.repeat), "comparison": comparison})
+        resumes.append(resume)
     fresh = iter(run_all(cfgs, progress=progress, tags=tags, resumes=resumes) if cfgs else [])
     return [kept[place] if place in kept else next(fresh) for place in range(len(jobs))]
 
 
-def unfinished_comparison(cfg: RunConfig, jobs: list) -> tuple[str, dict]:
-    """(the comparison id to run under, its runs so far by (name, repeat)): the newest comparison of these jobs'
-    configs in cfg's store if any of its runs has not finished, else a new id and no runs."""
+def key(c: RunConfig) -> tuple[str, str]:
+    return c.name, str(c.repeat)
+
+
+def run_ended(run) -> bool:
+    """Whether a run's record is final: FINISHED, or FAILED (what it measured and why it failed are its answer)."""
+    return run is not None and run.info.status in ("FINISHED", "FAILED")
+
+
+def reuse(c: RunConfig, run, progress: bool) -> tuple[RunResult | None, tuple[str, str] | None]:
+    """(the run kept as it is, or None; else the (run id, checkpoint) to resume it from, or None to run anew).
+
+    A run that ended is kept; an interrupted one resumes from its newest checkpoint; one that stopped before its first
+    checkpoint (or had trained every step) runs again, its record kept KILLED and its folder removed (nothing in it can
+    be resumed)."""
+    label = f"{c.name} (repeat {c.repeat + 1})"
+    if run is None:
+        return None, None
+    if run_ended(run):
+        say(progress, f"{label}: kept its {run.info.status} run {run.info.run_id}")
+        return RunResult.read(c.tracking_uri, run.info.run_id, skipped=True), None
+    try:
+        checkpoint = tracking.last_checkpoint(run, c)
+    except ConfigError:  # it had trained every step: its record stays, and the job runs again
+        checkpoint = None
+    if checkpoint:
+        say(progress, f"{label}: resumes its interrupted run {run.info.run_id} from {os.path.basename(checkpoint)}")
+        return None, (run.info.run_id, checkpoint)
+    shutil.rmtree(os.path.join(c.output_dir, run.info.run_id), ignore_errors=True)
+    say(progress, f"{label}: its run {run.info.run_id} stopped before a checkpoint (kept, KILLED); it runs again")
+    return None, None
+
+
+def newest_comparison(cfg: RunConfig, jobs: list[RunConfig]) -> tuple[str | None, dict]:
+    """(the id of the newest comparison in cfg's store with a run of these jobs' configs, its runs by (name,
+    repeat)); (None, {}) where there is none. A run of it still running elsewhere is an error."""
     experiment = tracking.experiment_id(cfg)
     client = mlflow_client(cfg.tracking_uri)
     tracking.mark_stale_runs(client)
-    wanted = {c.name: c for _, c in jobs}
-    newest = None
-    for run in tracking.search(client, [experiment], order_by=["attributes.start_time DESC"]):
-        c = wanted.get(run.info.run_name)
-        if run.data.tags.get("comparison") and c is not None and tracking.same_config(run, c):
-            newest = run.data.tags["comparison"]
-            break
+    wanted = {key(c): c for c in jobs}
+    runs = tracking.search(client, [experiment], order_by=["attributes.start_time DESC"])
+    newest = next((r.data.tags["comparison"] for r in runs if r.data.tags.get("comparison")
+                   and (c := wanted.get((r.info.run_name, r.data.params.get("repeat")))) is not None
+                   and tracking.same_config(r, c)), None)
     if newest is None:
-        return uuid.uuid4().hex[:12], {}
-    runs: dict = {}
-    for run in tracking.search(client, [experiment], order_by=["attributes.start_time ASC"]):
-        if run.data.tags.get("comparison") == newest:  # a job run twice (a restart): its newest run counts
-            runs[run.info.run_name, run.data.tags.get("repeat")] = run
-    for run in runs.values():
+        return None, {}
+    found: dict = {}
+    for run in reversed(runs):  # oldest first: a job run twice (a restart) counts its newest run
+        if run.data.tags.get("comparison") == newest:
+            found[run.info.run_name, run.data.params.get("repeat")] = run
+    for run in found.values():
         if run.info.status == "RUNNING":
             raise ConfigError(f"run {run.info.run_name} ({run.info.run_id}) of this comparison is still running on "
                               f"{run.data.tags.get('dsnb.host', 'another machine')}; wait for it to end (or stop it) "
-                              "and run again")
-    done = all(runs.get((c.name, str(i))) is not None and runs[c.name, str(i)].info.status in ("FINISHED", "FAILED")
-               for i, c in jobs)
-    return (uuid.uuid4().hex[:12], {}) if done else (newest, runs)
+                              f"and run again (a run whose machine is gone is marked KILLED {tracking.STALE_S} s after "
+                              "its last heartbeat)")
+    return newest, found
 
 
 def say(progress: bool, text: str) -> None:
@@ -83,12 +112,23 @@ def say(progress: bool, text: str) -> None:
         print(f"dsnb: {text}", flush=True)
 
 
-def quality_check(cfg: RunConfig, progress: bool = True) -> RunResult | None:
+def quality_check(cfg: RunConfig, progress: bool = True, again: bool = False) -> RunResult | None:
     """The offline check that training teaches (the quality preset: synthetic:small learns to answer from the
     synthetic passages, asked questions no training row holds), logged to cfg's store and experiment; None where
-    cfg.eval_samples is 0."""
+    cfg.eval_samples is 0. Its newest finished run of the same config is kept (unless again), an interrupted one
+    resumed from its checkpoint."""
     if not cfg.eval_samples:
         return None
-    return run_variant(RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri,
-                                          "experiment": cfg.experiment, "output_dir": cfg.output_dir}),
-                       progress=progress)
+    quality = RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri, "experiment": cfg.experiment,
+                                 "output_dir": cfg.output_dir})
+    run = None if again else newest_run(quality)
+    result, resume = reuse(quality, run, progress)
+    return result or run_variant(quality, progress=progress, resume=resume)
+
+
+def newest_run(cfg: RunConfig):
+    """The newest run named like cfg and started with cfg (config.PLACES aside), or None."""
+    client = mlflow_client(cfg.tracking_uri)
+    tracking.mark_stale_runs(client)
+    runs = tracking.search(client, [tracking.experiment_id(cfg)], order_by=["attributes.start_time DESC"])
+    return next((r for r in runs if r.info.run_name == cfg.name and tracking.same_config(r, cfg)), None)

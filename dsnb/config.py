@@ -57,8 +57,11 @@ SEED_MAX = 2**32 - 1  # numpy's seed range, which transformers' set_seed goes th
 NOT_WORK = ("preset", "strategy", "offload_optimizer", "offload_param", "nvme_path", "ds_config_path", "torch_compile",
             "cuda_graphs", "zero_flat_step", "deepcompile", "loss_scale", "attention", "dropout_kernel",
             "logging_steps", "phase_times", "checkpoint_steps", "checkpoint_minutes", "untimed_steps", "profile",
-            "memory_budget_gb", "ram_budget_gb", "host_ram_check", "repeats", "results_folder", "tracking_uri",
-            "experiment", "run_name", "save_model", "output_dir")
+            "memory_budget_gb", "ram_budget_gb", "host_ram_check", "repeats", "repeat", "results_folder",
+            "tracking_uri", "experiment", "run_name", "save_model", "output_dir")
+# Where a run is kept, not what it is: a comparison or sweep finds its runs again under another spelling or place of
+# these (results_folder "dsnb/" or "./dsnb", a store moved with its folder), and a run resumes from any of them.
+PLACES = ("results_folder", "tracking_uri", "output_dir")
 
 
 class ConfigError(ValueError):
@@ -215,6 +218,10 @@ class RunConfig:
     spread; 0 means 3 where runs are short (max_steps of 100 or fewer), else 1."""
     seed: int = 42
     """Seed for model init, data order and dropout."""
+    repeat: int = 0
+    """Which repeat of a variant this run is (compare and notebook 01 set it: 0, 1, 2 ...): LoRA's initial adapters,
+    data order and dropout are seeded with seed + repeat, so a variant's repeats differ where runs can, while every
+    variant's repeat r draws the same (a synthetic model's own weights never change)."""
     results_folder: str = ""
     """A folder that holds the MLflow store and the runs' checkpoints and models (tracking_uri and output_dir inside it,
     unless set): on Colab, a Google Drive folder such as /content/drive/MyDrive/dsnb (mounted by the first dsnb cell),
@@ -259,7 +266,7 @@ class RunConfig:
             if getattr(self, name) <= 0:
                 fail(name, f"is {getattr(self, name)}; it must be a positive number")
         for name in ("lora_r", "max_steps", "untimed_steps", "checkpoint_steps", "lr_warmup_steps", "eval_samples",
-                     "repeats"):
+                     "repeats", "repeat"):
             if getattr(self, name) < 0:
                 fail(name, f"is {getattr(self, name)}; it must be 0 or more")
         for f in dataclasses.fields(self):
@@ -268,6 +275,8 @@ class RunConfig:
                 fail(f.name, f"is {value}; it must be at most {INT_MAX}")
         if not 0 <= self.seed <= SEED_MAX:
             fail("seed", f"is {self.seed}; use a seed from 0 to {SEED_MAX}")
+        if self.run_seed > SEED_MAX:
+            fail("repeat", f"is {self.repeat}, which takes seed + repeat past {SEED_MAX}; lower seed or repeat")
 
     def _check_rates(self):
         for name in ("memory_budget_gb", "ram_budget_gb"):
@@ -369,6 +378,11 @@ class RunConfig:
     def zero_stage(self) -> int | None:
         """The ZeRO stage as a number, None for the baseline."""
         return None if self.strategy == "baseline" else int(self.strategy[-1])
+
+    @property
+    def run_seed(self) -> int:
+        """The seed this run trains with: seed + repeat (config.repeat)."""
+        return self.seed + self.repeat
 
     @property
     def uses_nvme(self) -> bool:

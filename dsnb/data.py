@@ -202,6 +202,14 @@ def answer_texts(answers, place: str) -> list[str]:
     raise ConfigError(f"{place}: answers is {answers!r}; give SQuAD's {{\"text\": [...]}} or a plain answer")
 
 
+def question_key(row: dict) -> str:
+    """The question itself, as a short key: its id, passage and question text together."""
+    import hashlib
+
+    text = json.dumps([str(row.get("id", "")), row.get("context") or "", row["question"]], ensure_ascii=False)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def answer_text(row: dict) -> str:
     """The first answer's text, or the tutorial's "no answer" marker."""
     texts = row["answers"]["text"]

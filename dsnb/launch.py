@@ -56,9 +56,10 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
         # Several GPUs: torchrun starts one process per GPU; each rank trains, rank 0 logs into run_id.
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
         command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
-        try:
-            returncode = _watch(command, child_env(cfg.num_gpus * beside, {**os.environ, **(env or {})}), log_file,
-                                progress_file, bar)
+        try:  # this process beats too, from the run's first second: a run lost while its child loads is seen
+            with tracking.heartbeat(run_id, cfg.tracking_uri):
+                returncode = _watch(command, child_env(cfg.num_gpus * beside, {**os.environ, **(env or {})}),
+                                    log_file, progress_file, bar)
         except BaseException:
             _close(run_id, cfg, log_file, "KILLED")
             raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 
-from .config import WORK_FIELDS
+from .config import WORK_FIELDS, redact
 from .data import eval_task
 from .metrics import Budget, fit, gpu_taken_mb
 from .tracking import RunResult, existing_store, mlflow_client, search, ui_command
@@ -24,6 +24,9 @@ METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second"
            "eval_tokens_per_second", "recall_exact_match", "host_other_cores"]
 NO_RATIO = {"host_other_cores"}  # the machine's load while a run was timed: a caveat beside it, not its property
 ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
+EFFECT, POWER = 0.10, 0.80  # the held-out difference whose detection rate (power) is stated beside the test's verdict,
+# and the rate at which the number of questions that would detect it is given
+FINGERPRINTS = ("eval_set", "data_fingerprint", "train_math")  # params of content that same_work compares too
 BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (at least, and share of the machine's)
 # and the hypervisor's share above which a run's speed is called unreliable
 
@@ -258,7 +261,9 @@ def loss_curve(client, run_id: str) -> tuple[list[int], list[float]]:
 
 def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
     """Whether the runs did the same work: every run-config field that sets what is trained and asked is the same
-    (config.WORK_FIELDS, the held-out set's fingerprint too), the final losses agree within loss_tolerance (relative;
+    (config.WORK_FIELDS), and so is what they trained and asked by content (FINGERPRINTS: the training samples' tokens,
+    the held-out questions with their passages and answers, the optimizer, schedule and clipping, a user's DeepSpeed
+    JSON's included), the final losses agree within loss_tolerance (relative;
     a tolerance, not a test: variants doing the same work measured within 1% of each other), and the held-out answers
     of each variant against the first's, question by question, differ by no more than chance (same_answers: an exact
     paired test whose false-alarm rate at equal skill is at most ALPHA)."""
@@ -266,13 +271,13 @@ def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
     client = mlflow_client(runs[0].tracking_uri)
     loaded = load_runs(runs)
     different = []
-    for key in (*WORK_FIELDS, "eval_set"):
+    for key in (*WORK_FIELDS, *FINGERPRINTS):
         values = {run.data.params.get(key) for run in loaded}
         if len(values) > 1:
             different.append(f"{key} {sorted(map(str, values))}")
     lines = [f"{'config':>14}: " + ("DIFFERENT " + "; ".join(different) if different else
-                                    f"same in all {len(WORK_FIELDS)} fields that set the work, and the same "
-                                    "held-out questions")]
+                                    f"same in all {len(WORK_FIELDS)} fields that set the work, the same training "
+                                    "samples, held-out questions, optimizer, schedule and clipping")]
     losses = [loss_curve(client, run.info.run_id)[1] for run in loaded]
     finals = [c[-1] for c in losses if c]
     lines.append(f"{'logged losses':>14}: {[len(c) for c in losses]} records")
@@ -290,17 +295,24 @@ def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
     return "\n".join(lines)
 
 
-def answer_scores(client, run) -> dict[str, float]:
-    """Each held-out question's exact match after training (answers.json), by its id (or text)."""
+def answer_rows(client, run) -> list[dict]:
+    """The held-out questions a run answered (its answers.json), each with its key: the question itself
+    (data.question_key: id, passage and question text together), or for a run of an older dsnb, its id, question and
+    gold answers."""
     import json
 
     try:
         with open(client.download_artifacts(run.info.run_id, "answers.json")) as f:
             rows = json.load(f)
     except Exception:  # a run with eval_samples 0, or one that failed before answering
-        return {}
-    return {r.get("id") or r["question"]: float(r["after_em"]) for r in rows
-            if r.get("set", "eval") == "eval" and "after_em" in r}
+        return []
+    return [{**r, "key": r.get("key") or json.dumps([r.get("id"), r["question"], r.get("gold")], ensure_ascii=False)}
+            for r in rows if r.get("set", "eval") == "eval"]
+
+
+def answer_scores(client, run) -> dict[str, float]:
+    """Each held-out question's exact match after training, by its key (answer_rows)."""
+    return {r["key"]: float(r["after_em"]) for r in answer_rows(client, run) if "after_em" in r}
 
 
 def sign_flip_p(diffs: list[int]) -> float:
@@ -329,7 +341,50 @@ def same_answers(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
     diffs = [round(sum(r[q] for r in a) * rb - sum(r[q] for r in b) * ra) for q in asked]
     every = {r[q] for r in a + b for q in asked}
     mean = lambda runs: sum(r[q] for r in runs for q in asked) / (len(runs) * len(asked))  # noqa: E731
-    return {"questions": len(asked), "a": mean(a), "b": mean(b), "p": sign_flip_p(diffs), "signal": len(every) > 1}
+    return {"questions": len(asked), "a": mean(a), "b": mean(b), "p": sign_flip_p(diffs), "signal": len(every) > 1,
+            "power": power(a, b, asked, len(asked)), "needed": questions_needed(a, b, asked)}
+
+
+def power(a: list[dict], b: list[dict], asked: list, n: int, effect: float = EFFECT, seed: int = 0) -> float:
+    """A floor on how often the paired test (same_answers, at ALPHA) would call two variants different whose exact
+    match differs by `effect`, on n questions like these: each question keeps its difficulty (its mean exact match over
+    every run of a and b), one variant effect/2 below it and the other above (within 0 and 1); each variant's repeats
+    are counted as one run (their answers can be nearly the same: more independent repeats only add power); n
+    questions drawn from these (all of them, in order, where n is their number). A simulation with a fixed seed (the
+    sign test's p-value by its normal approximation with continuity correction), so the same runs give the same
+    figure."""
+    import math
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sims = max(200, min(2000, 4_000_000 // n))  # fewer draws of many questions: memory, not precision, bounds them
+    runs = a + b
+    level = np.array([sum(r[q] for r in runs) / len(runs) for q in asked])
+    level = np.broadcast_to(level if n == len(level) else rng.choice(level, size=(sims, n)), (sims, n))
+    right_a = rng.random((sims, n)) < np.clip(level - effect / 2, 0, 1)
+    right_b = rng.random((sims, n)) < np.clip(level + effect / 2, 0, 1)
+    plus, minus = (right_b & ~right_a).sum(axis=1), (right_a & ~right_b).sum(axis=1)
+    z = np.maximum(np.abs(plus - minus) - 1, 0) / np.sqrt(np.maximum(plus + minus, 1))
+    return float(np.mean(np.vectorize(math.erfc)(z / math.sqrt(2)) < ALPHA))
+
+
+def questions_needed(a: list[dict], b: list[dict], asked: list, goal: float = POWER, most: int = 20000) -> int | None:
+    """The fewest held-out questions like these (power's model) at which the test detects an EFFECT difference with
+    probability `goal`, to the nearest step of a doubling search refined by halves; None beyond `most`."""
+    n, found = 32, None
+    while n <= most:
+        if power(a, b, asked, n) >= goal:
+            found = n
+            break
+        n *= 2
+    if found is None:
+        return None
+    low = found // 2
+    while found - low > max(8, found // 16):  # refine between the last miss and the first hit
+        mid = (low + found) // 2
+        low, found = (low, mid) if power(a, b, asked, mid) >= goal else (mid, found)
+    return found
 
 
 def held_out_line(client, base: list, group: list, base_name: str, name: str) -> str:
@@ -345,9 +400,15 @@ def held_out_line(client, base: list, group: list, base_name: str, name: str) ->
                 "questions, so they cannot tell the variants apart")
     head = f"{what}: {name} {test['b']:.2f} vs {base_name} {test['a']:.2f}, paired over {test['questions']} questions" \
         + synthetic_note(group[0].data.params.get("model"), group[0].data.params.get("preset"))
+    needed = f"about {test['needed']:,} questions would" if test["needed"] else "even 20,000 questions would not"
+    power_note = (f"; at {test['questions']} questions this test detects a {EFFECT * 100:.0f}-point difference in "
+                  f"exact match at least {test['power']:.0%} of the time ({needed} detect it {POWER:.0%} of the time: "
+                  "raise eval_samples)")
     if test["p"] < ALPHA:
-        return head + f": DIFFER (p = {test['p']:.3f} < {ALPHA}: at equal skill this happens {ALPHA:.0%} of the time)"
-    return head + f": agree (p = {test['p']:.2f}; a real difference smaller than the questions can show may remain)"
+        return head + (f": DIFFER (p = {test['p']:.3f} < {ALPHA}: at equal skill this happens {ALPHA:.0%} of the time)"
+                       + power_note)
+    return head + f": agree (p = {test['p']:.2f}; a real difference smaller than the questions can show may remain)" \
+        + power_note
 
 
 def plot_runs(runs: list[RunResult], log: bool = True):
@@ -398,36 +459,41 @@ def plot_runs(runs: list[RunResult], log: bool = True):
 
 def answers(runs: list[RunResult], n: int | None = None):
     """The held-out questions with their gold answers and each variant's answers before and after training, joined on
-    the question (its id, else its text) from the runs' answers.json: any number of runs, a question a run was not
-    asked shown as "(not asked)", never misaligned; n: the first n questions. Shown whole, as a table whose cells
-    wrap (a pandas Styler; .data is the DataFrame)."""
-    import json
-
+    the question itself (answer_rows: id, passage and question text together) from the runs' answers.json: any number
+    of runs, from any number of stores; a question a run was not asked shown as "(not asked)", never one run's answer
+    under another's question; n: the first n questions. Shown whole, as a table whose cells wrap (a pandas Styler;
+    .data is the DataFrame), captioned with how many questions every run was asked and, where the runs come from
+    several stores, which."""
     import pandas as pd
 
     runs = [r for r in runs if r is not None]  # a skipped quality check is None
     table: dict[str, dict] = {}
     columns: list[str] = []
-    for name, group in grouped(load_runs(runs)).items():
-        run = next((r for r in group if r.info.status == "FINISHED"), group[0])
-        client = mlflow_client(runs[0].tracking_uri)
-        try:
-            with open(client.download_artifacts(run.info.run_id, "answers.json")) as f:
-                rows = json.load(f)
-        except Exception:  # a run with eval_samples 0, or one that failed before answering
-            continue
-        for when in ("before", "after"):
-            columns.append(f"{name}: {when}")
-        for r in rows:
-            if r.get("set", "eval") != "eval":
+    stores = list(dict.fromkeys(r.tracking_uri for r in runs))
+    asked_by: list[set] = []
+    for store in stores:
+        client = mlflow_client(store)
+        for name, group in grouped(load_runs([r for r in runs if r.tracking_uri == store])).items():
+            run = next((r for r in group if r.info.status == "FINISHED"), group[0])
+            rows = answer_rows(client, run)
+            if not rows:  # a run with eval_samples 0, or one that failed before answering
                 continue
-            key = r.get("id") or r["question"]
-            entry = table.setdefault(key, {"question": r["question"], "gold": ", ".join(r["gold"]) or "(none)"})
-            for when in ("before", "after"):
-                entry[f"{name}: {when}"] = r.get(when, "")
+            label = name if len(stores) == 1 else f"{name} [store {stores.index(store) + 1}]"
+            columns += [f"{label}: before", f"{label}: after"]
+            asked_by.append({r["key"] for r in rows})
+            for r in rows:
+                gold = ", ".join(r["gold"]) or "(none)"
+                entry = table.setdefault(r["key"], {"question": r["question"], "gold": gold})
+                for when in ("before", "after"):
+                    entry[f"{label}: {when}"] = r.get(when, "")
     frame = pd.DataFrame(list(table.values()), columns=["question", "gold", *columns]).fillna("(not asked)")
+    every = len(set.intersection(*asked_by)) if asked_by else 0
+    caption = f"{len(frame)} questions, {every} of them asked of every run shown"
+    if len(stores) > 1:
+        caption += "; runs from " + ", ".join(f"store {i + 1} ({redact(u)})" for i, u in enumerate(stores))
     frame = frame.head(n) if n else frame
-    return frame.style.set_properties(**{"white-space": "pre-wrap", "text-align": "left"}).hide(axis="index")
+    return frame.style.set_properties(**{"white-space": "pre-wrap", "text-align": "left"}).hide(axis="index") \
+        .set_caption(caption)
 
 
 def quality_verdict(result: RunResult | None) -> str:

@@ -23,7 +23,7 @@ import traceback
 import zipfile
 from importlib import metadata
 
-from .config import ConfigError, RunConfig, describe, redact
+from .config import PLACES, ConfigError, RunConfig, describe, redact
 from .preflight import check_complete, check_output_file, check_scheme
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
@@ -187,7 +187,7 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
     client = mlflow_client(cfg.tracking_uri)
     if run_id is None:
         mark_stale_runs(client)
-        owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid())}
+        owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid()), "dsnb.alive": str(int(time.time()))}
         run_id = client.create_run(experiment, run_name=cfg.name,
                                    tags=owner).info.run_id
     client.log_batch(run_id, params=[Param(k, v) for k, v in logged_params(cfg).items()],
@@ -225,8 +225,10 @@ def logged_params(cfg: RunConfig) -> dict[str, str]:
 
 
 def same_config(run, cfg: RunConfig) -> bool:
-    """Whether an MLflow run was started with exactly cfg (its other params are measurements)."""
-    return all(run.data.params.get(k) == v for k, v in logged_params(cfg).items())
+    """Whether an MLflow run was started with cfg (its other params are measurements): every field but where runs are
+    kept (config.PLACES: another spelling of results_folder finds the same runs) and how many repeats a comparison
+    asks for (which changes no run)."""
+    return all(run.data.params.get(k) == v for k, v in logged_params(cfg).items() if k not in (*PLACES, "repeats"))
 
 
 HEARTBEAT_S = 30  # a training process tags its run this often (dsnb.alive), so a run whose machine is gone shows
@@ -235,7 +237,9 @@ STALE_S = 120  # ... and a RUNNING run not tagged for this long has lost its pro
 
 def mark_stale_runs(client) -> list[str]:
     """Mark KILLED the RUNNING runs whose process is gone: on this host, its pid has ended; anywhere (a Colab runtime
-    that ended, its store on Drive), its heartbeat stopped more than STALE_S ago."""
+    that ended, its store on Drive), its heartbeat stopped more than STALE_S ago. A run is tagged alive when it opens
+    and beats from then on (launch.run_variant's process beats while its child loads and trains), so a run lost before
+    its training process first beat is found too; a run of an older dsnb without the tag counts from its start."""
     import psutil
 
     stale = []
@@ -244,8 +248,7 @@ def mark_stale_runs(client) -> list[str]:
     for run in search(client, experiments, "attributes.status = 'RUNNING'") if experiments else []:
         tags = run.data.tags
         gone = tags.get("dsnb.host") == host and tags.get("dsnb.pid") and not psutil.pid_exists(int(tags["dsnb.pid"]))
-        silent = time.time() - float(tags.get("dsnb.alive", run.info.start_time / 1000)) > STALE_S and \
-            "dsnb.alive" in tags
+        silent = time.time() - float(tags.get("dsnb.alive", run.info.start_time / 1000)) > STALE_S
         if gone or silent:
             why = f"process {tags.get('dsnb.pid')} ended" if gone else \
                 f"its process on {tags.get('dsnb.host')} stopped reporting"
@@ -288,6 +291,33 @@ def reopen_run(run_id: str, tracking_uri: str) -> None:
     client.update_run(run_id, status="RUNNING")
     client.set_tag(run_id, "dsnb.host", socket.gethostname())
     client.set_tag(run_id, "dsnb.pid", str(os.getpid()))
+
+
+def mark_resumed(run_id: str, tracking_uri: str, checkpoint: str) -> None:
+    """A run resumed from checkpoint: its record as if never interrupted but for the tag `resumed` (which says from
+    where, and what had stopped it): the interruption's failure and error tags go, and so does its traceback
+    (error.txt), where the store's artifacts are local files."""
+    client = mlflow_client(tracking_uri)
+    run = client.get_run(run_id)
+    tags = run.data.tags
+    note = f"from {os.path.basename(checkpoint)} after: {tags.get('error') or tags.get('failure') or 'a stop'}"
+    for key in ("failure", "error"):
+        if key in tags:
+            client.delete_tag(run_id, key)
+    client.set_tag(run_id, "resumed", f"{tags['resumed']}; {note}" if "resumed" in tags else note)
+    local = local_artifacts(run.info.artifact_uri)
+    if local and os.path.isfile(os.path.join(local, "error.txt")):
+        os.remove(os.path.join(local, "error.txt"))
+
+
+def local_artifacts(artifact_uri: str) -> str | None:
+    """The folder of a run's artifacts where it is on this machine's disk (a file: URI or a path), else None."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(artifact_uri)
+    if parts.scheme == "file":
+        return unquote(parts.path)
+    return artifact_uri if not parts.scheme and os.path.isabs(artifact_uri) else None
 
 
 def finish(run_id: str, tracking_uri: str, status: str) -> None:
@@ -533,20 +563,26 @@ class Curve:
         self.pending: list = []
         self.steps = 0
         self.written = time.monotonic()
+        self.stored_through = 0  # a resumed run: the steps its stopped process wrote, which are not written again
 
     def __call__(self, step: int, logs: dict) -> None:
         from mlflow.entities import Metric
 
+        if step <= self.stored_through:
+            return
         now = int(time.time() * 1000)
         self.pending += [Metric(k, float(v), now, step) for k, v in logs.items() if k in self.KEYS]
         self.steps += 1
         if self.steps >= self.records or time.monotonic() - self.written >= self.seconds:
             self.write()
 
-    def history(self, up_to: int) -> dict[int, float]:
-        """The loss of each step up to `up_to` that the store holds (a step written twice: its newest record)."""
+    def resume(self, checkpoint_step: int) -> dict[int, float]:
+        """For a run resumed from the checkpoint of checkpoint_step: the loss of each step up to it that the store holds
+        (a step written twice, by an older dsnb: its newest record). The steps after it that the stopped process wrote
+        are the steps this one trains again, from the same checkpoint: they are not written a second time."""
         records = sorted(self.client.get_metric_history(self.run_id, "loss"), key=lambda m: m.timestamp)
-        return {m.step: m.value for m in records if m.step <= up_to}
+        self.stored_through = max((m.step for m in records), default=0)
+        return {m.step: m.value for m in records if m.step <= checkpoint_step}
 
     def write(self) -> None:
         """Write what is held."""

@@ -11,6 +11,7 @@ child process, so no run's memory is counted in another's.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -24,7 +25,7 @@ from . import preflight, tracking
 from .card import write_card
 from .config import ConfigError, RunConfig
 from .data import (CLOSED_BOOK, EVAL_SEED, BatchLog, build_dataset, collator, eval_task, fill_rows, load_records,
-                   passage_cuts, truncated)
+                   passage_cuts, question_key, truncated)
 from .estimate import estimate_memory, largest_weight, row_length, tokens_per_micro_batch, trainable_params
 from .evaluate import answer_and_score, probe_logit_norm
 from .loop import train_compiled
@@ -179,13 +180,32 @@ class Quality:
     LABELS = {"eval": "held-out questions", "recall": "trained questions (recall)"}
 
     def score(self, when: str, model, tokenizer, cfg: RunConfig) -> None:
-
+        """Answer and score every set; the "before" answers are recorded on the run at once (rank 0), so a run
+        resumed in another process keeps them (load_before)."""
         for name, rows in self.sets.items():
             if rows:
                 scores, self.answers[name, when] = answer_and_score(model, tokenizer, cfg, rows, self.synced)
                 self.scores[name, when] = scores
                 self.reporter.say(f"{when} training: exact match {scores['exact_match']:.2f}, F1 {scores['f1']:.2f} "
                                   f"on {len(rows)} {self.LABELS[name]}")
+        import mlflow
+
+        if when == "before" and mlflow.active_run() is not None and self.scores:
+            mlflow.log_metrics({k: v for k, v in self.metrics().items() if k.endswith("_before")})
+            tracking.log_json({name: {"scores": self.scores[name, "before"], "answers": self.answers[name, "before"]}
+                               for name, _ in self.scores}, BEFORE)
+
+    def load_before(self, client, run_id: str) -> None:
+        """The "before" answers and scores the run's first process recorded (a resumed run asks them once); their
+        time is not this process's, so it counts 0 here."""
+        try:
+            with open(client.download_artifacts(run_id, BEFORE)) as f:
+                before = json.load(f)
+        except Exception:  # none recorded: eval_samples 0, or a run of an older dsnb
+            return
+        for name, part in before.items():
+            self.scores[name, "before"] = {**part["scores"], "seconds": 0.0}
+            self.answers[name, "before"] = part["answers"]
 
     def seconds(self, when: str) -> float:
         return sum(v["seconds"] for (_, w), v in self.scores.items() if w == when)
@@ -203,7 +223,8 @@ class Quality:
         rows = []
         for name, questions in self.sets.items():
             for i, r in enumerate(questions):
-                row = {"set": name, "id": str(r.get("id", "")), "question": r["question"], "gold": r["answers"]["text"]}
+                row = {"set": name, "key": question_key(r), "id": str(r.get("id", "")), "question": r["question"],
+                       "gold": r["answers"]["text"]}
                 for when in ("before", "after"):
                     if (name, when) in self.scores:
                         em, f = self.scores[name, when]["per_question"][i]
@@ -213,21 +234,56 @@ class Quality:
 
 
 def eval_set_id(rows: list[dict]) -> str:
-    """A short fingerprint of which questions a run was asked (the same for every variant of a comparison)."""
+    """A short fingerprint of the questions a run was asked, by content (each question with its passage and id, and
+    its gold answers), in order: the same for every variant of a comparison."""
+    return fingerprint([[question_key(r), r["answers"]["text"]] for r in rows])
+
+
+def fingerprint(value) -> str:
+    """A short hash of a JSON-serialisable value's content."""
     import hashlib
 
-    text = "\n".join(f"{r.get('id', '')}\t{r['question']}" for r in rows)
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+    return hashlib.sha1(json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()[:12]
+
+
+def data_fingerprint(train_set) -> str:
+    """What a run trained on, by content: every training sample's tokens and labels, in order (a data file changed at
+    the same path, another tokenizer or prompt text all change it)."""
+    return fingerprint([train_set["input_ids"], train_set["labels"]])
+
+
+def training_math(args, deepspeed: dict | None) -> dict:
+    """The optimizer, learning-rate schedule and clipping a run trains with, in one vocabulary for every path: the
+    Trainer's own, or the DeepSpeed config's sections where it sets them ("auto" takes the Trainer's value). A user's
+    DeepSpeed JSON with its own optimizer, scheduler or clipping changes it; ZeRO and offload do not."""
+    ds = deepspeed or {}
+    optimizer = ds.get("optimizer") or {}
+    params = optimizer.get("params") or {}
+    own = {"lr": args.learning_rate, "betas": [args.adam_beta1, args.adam_beta2], "eps": args.adam_epsilon,
+           "weight_decay": args.weight_decay}
+    kind = str(optimizer.get("type") or getattr(args.optim, "value", args.optim)).lower()
+    math = {"optimizer": "adamw" if kind in ("adamw", "adamw_torch", "adamw_torch_fused") else kind,
+            **{k: own[k] if params.get(k, "auto") == "auto" else params[k] for k in own},
+            **{k: v for k, v in params.items() if k not in own}}
+    scheduler = ds.get("scheduler")
+    math["scheduler"] = scheduler or {"type": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
+                                      "warmup": args.warmup_steps}
+    clip = ds.get("gradient_clipping", "auto")
+    math["gradient_clipping"] = args.max_grad_norm if clip == "auto" else clip
+    return json.loads(json.dumps(math, default=str))
 
 
 STAGING = ".partial"  # a checkpoint is written here, then renamed into place whole
+BEFORE = "answers_before.json"  # the "before" answers and scores, recorded as soon as they are measured
+PROGRESS = "dsnb_progress.json"  # in each checkpoint: training time and samples up to it, for the resumed record
 
 
 class CheckpointTrainer(Trainer):
     """The HF Trainer, writing each checkpoint whole or not at all: into a staging folder, then renamed into place, so
     that a run killed while writing leaves its last complete checkpoint the newest one (a resume never meets half of
-    one). Just before the rename, `before_publish` runs (the loss curve is written to MLflow, so no checkpoint holds a
-    step the curve lacks); the previous checkpoint is removed after it (save_total_limit)."""
+    one). Just before the rename, each `before_publish` hook runs with the staged checkpoint's folder (the loss curve is
+    written to MLflow, so no checkpoint holds a step the curve lacks; dsnb's progress is written into it); the previous
+    checkpoint is removed after it (save_total_limit)."""
 
     before_publish: tuple = ()
     _staged: str | None = None
@@ -251,7 +307,7 @@ class CheckpointTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             for hook in self.before_publish:
-                hook()
+                hook(os.path.join(staged, name))
             sync_tree(os.path.join(staged, name))
             shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)  # a checkpoint of this step from before
             os.replace(os.path.join(staged, name), os.path.join(run_dir, name))
@@ -285,6 +341,8 @@ class Session:
     quality: Quality
     gputil_before: float
     reporter: Reporter
+    prior: dict  # the training time and samples of the processes before this one (a resumed run; PROGRESS)
+    math: dict  # training_math: what same_work compares of the optimizer, schedule and clipping
 
     @property
     def index(self) -> int:
@@ -306,7 +364,9 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
     with (tracking.tracked_run(cfg, run_id) if log else contextlib.nullcontext()) as run, PeakMemory(device) as mem, \
             tracking.heartbeat(run.info.run_id if run else None, cfg.tracking_uri):
         try:
-            session = set_up(cfg, device, run.info.run_id if run else None, reporter)
+            if run is not None and checkpoint:
+                tracking.mark_resumed(run.info.run_id, cfg.tracking_uri, checkpoint)
+            session = set_up(cfg, device, run.info.run_id if run else None, reporter, checkpoint)
             if log:
                 record_start(session, checkpoint)
             raw = fit(session, checkpoint)
@@ -335,8 +395,10 @@ def deepspeed_env(device: str) -> None:
                           MASTER_PORT=str(port))
 
 
-def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) -> Session:
-    """Memory cap, DeepSpeed config, the Trainer's arguments, the plan (data, estimate), the model and the Trainer."""
+def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter,
+           checkpoint: str | None = None) -> Session:
+    """Memory cap, DeepSpeed config, the Trainer's arguments, the plan (data, estimate), the model and the Trainer;
+    resuming from checkpoint, what the earlier processes trained and answered."""
 
     world = preflight.world_size()
     cap_memory(cfg, device)
@@ -364,7 +426,7 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     from transformers import set_seed
 
 
-    set_seed(cfg.seed)
+    set_seed(cfg.run_seed)
     fetch(cfg.model, reporter.say)  # a hub model's download, with its progress, before it loads
     started = time.perf_counter()
     reporter.say(f"loading {cfg.model} ({cfg.quantization if cfg.quantization != 'none' else cfg.dtype} weights) ...")
@@ -387,10 +449,22 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter) 
     callback = StepCallback(timer, Progress(timer, reporter), curve,
                             lambda: quality.score("before", trainer.model, tokenizer, cfg), cfg.checkpoint_minutes)
     trainer.add_callback(callback)
-    trainer.before_publish = [curve.write] if curve else []
+    prior = tracking.read_json(os.path.join(checkpoint, PROGRESS)) if checkpoint else {}
+    prior = {"train_seconds": float(prior.get("train_seconds", 0.0)), "samples": float(prior.get("samples", 0.0))}
+    if checkpoint and curve:
+        quality.load_before(curve.client, run_id)
+
+    def progress(folder: str) -> None:  # into each checkpoint: what a resumed run adds its own time and samples to
+        samples, _ = timer.batches.totals(timer.consumed)
+        seconds = time.perf_counter() - callback.began
+        with open(os.path.join(folder, PROGRESS), "w") as f:
+            json.dump({"train_seconds": prior["train_seconds"] + seconds,
+                       "samples": prior["samples"] + samples * world}, f)
+
+    trainer.before_publish = [progress, *([lambda folder: curve.write()] if curve else [])]
     counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}
     return Session(cfg, device, world, run_id is not None, run_dir, trainer, the_plan, timer, deepspeed, counts,
-                   quality, gputil_before, reporter)
+                   quality, gputil_before, reporter, prior, training_math(args, deepspeed))
 
 
 def cap_memory(cfg: RunConfig, device: str) -> None:
@@ -411,7 +485,7 @@ def training_arguments(cfg: RunConfig, device: str, deepspeed: dict | None, run_
     return TrainingArguments(
         output_dir=run_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
         learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
-        lr_scheduler_type="linear", warmup_steps=cfg.lr_warmup_steps, seed=cfg.seed, data_seed=cfg.seed,
+        lr_scheduler_type="linear", warmup_steps=cfg.lr_warmup_steps, seed=cfg.run_seed, data_seed=cfg.run_seed,
         optim="adamw_torch_fused" if cfg.torch_compile and device.startswith("cuda") else "adamw_torch",
         fp16=cfg.dtype == "fp16", bf16=cfg.dtype == "bf16", use_cpu=device == "cpu",
         logging_steps=cfg.logging_steps, logging_first_step=True, report_to="none",
@@ -460,16 +534,23 @@ class StepCallback(TrainerCallback):
     last step would leave a resume nothing to train). A checkpoint writes the curve held so far (CheckpointTrainer): a
     run killed after it and resumed from it has every step's loss in MLflow. The time a checkpoint takes is left out
     of the throughput.
+
+    A checkpoint's step is always a logged step: checkpoint_steps' steps log their loss too (as they do in an
+    uninterrupted run of the same config), and the clock's checkpoints wait for the next step that logs. The
+    Trainer's first record after a resume covers the steps since the checkpoint; so every record's window is the same
+    as in a run never interrupted, and the curve and train_loss of a resumed run are an uninterrupted run's.
     """
 
     def __init__(self, timer, report, curve, begin, checkpoint_minutes: float = 0.0):
         self.timer, self.report, self.curve, self.begin, self.loss = timer, report, curve, begin, None
         self.every_s, self.saved_at, self.saving = checkpoint_minutes * 60, time.monotonic(), None
         self.losses: dict[int, float] = {}  # every logged step's loss (a resumed run's earlier ones too)
+        self.began = time.perf_counter()  # training's start in this process, after the "before" answers
 
     def on_train_begin(self, args, state, control, **kw):
         if not state.global_step:  # a resumed run starts mid-way, past "before"
             self.begin()
+        self.began = time.perf_counter()
         self.timer.mark(state.global_step)
         self.saved_at = time.monotonic()
 
@@ -480,10 +561,13 @@ class StepCallback(TrainerCallback):
         self.timer.consume()
         self.timer.mark(state.global_step)
         self.report(state.global_step, state.max_steps, self.loss)
-        if self.every_s and time.monotonic() - self.saved_at >= self.every_s:
+        if self.every_s and time.monotonic() - self.saved_at >= self.every_s and \
+                state.global_step % args.logging_steps == 0:
             control.should_save = True
         if state.global_step >= state.max_steps:
             control.should_log, control.should_save = True, False
+        if control.should_save:
+            control.should_log = True
         if control.should_save:
             self.saving = time.perf_counter()
 
@@ -526,13 +610,13 @@ def record_start(s: Session, checkpoint: str | None) -> None:
     mlflow.log_metrics(s.plan.estimate)
 
     mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION, "eval_task": eval_task(s.cfg),
-                       "eval_set": eval_set_id(s.plan.eval_rows)})
+                       "eval_set": eval_set_id(s.plan.eval_rows),
+                       "data_fingerprint": data_fingerprint(s.plan.train_set),
+                       "train_math": json.dumps(s.math, sort_keys=True)})
     if s.counts["truncated_samples"]:
         mlflow.set_tag("data_warning", f"max_length {s.cfg.max_length} cuts {s.counts['truncated_samples']} samples "
                                        "short")
     tracking.log_json(tracking.environment(s.device), "environment.json")
-    if checkpoint:
-        mlflow.set_tag("resumed_from", checkpoint)
 
 
 def fit(s: Session, checkpoint: str | None) -> dict:
@@ -545,21 +629,22 @@ def fit(s: Session, checkpoint: str | None) -> dict:
             raw = train_compiled(s.trainer, s.cfg, s.timer, callback.report,
                                  callback.curve or (lambda step, logs: None), callback.begin)
         else:
-            if checkpoint and callback.curve:  # the steps before the checkpoint, as the store holds them
-                callback.losses.update(callback.curve.history(checkpoint_step(checkpoint)))
+            if checkpoint and callback.curve:  # the steps the store holds (those after the checkpoint: of the process
+                # that was stopped, the same steps this one trains again from the checkpoint), written once
+                callback.losses.update(callback.curve.resume(checkpoint_step(checkpoint)))
             raw = s.trainer.train(resume_from_checkpoint=checkpoint).metrics
             if checkpoint:  # the Trainer's own train_loss covers only the steps this process trained
                 raw["train_loss"] = mean_loss(callback.losses)
-        # Samples the loop consumed, in either loop (the Trainer's own figure counts steps x batch_size x grad_accum:
-        # rows with padding filled, and a short last batch as a full one).
+        # The Trainer's clock ran through the "before" answers (this process's: a resumed run's were the first's; the
+        # compiled loop starts its clock after them): out of its time; the processes before this one (PROGRESS) in.
+        # Samples are those the loops consumed (the Trainer's own figure counts steps x batch_size x grad_accum: rows
+        # with padding filled, a short last batch as a full one); steps are the run's (the Trainer's figure divides
+        # all of them by this process's time).
         samples, _ = s.timer.batches.totals(s.timer.consumed)
-        raw["train_samples_per_second"] = samples * s.world / raw["train_runtime"]
-        before = s.quality.seconds("before")
-        if before:  # the Trainer's clock ran through the "before" answers: take them out of its numbers
-            scale = raw["train_runtime"] / (raw["train_runtime"] - before)
-            raw.update(train_runtime=raw["train_runtime"] - before,
-                       train_samples_per_second=raw["train_samples_per_second"] * scale,
-                       train_steps_per_second=raw["train_steps_per_second"] * scale)
+        before = 0.0 if checkpoint or s.cfg.torch_compile else s.quality.seconds("before")
+        runtime = raw["train_runtime"] - before + s.prior["train_seconds"]
+        raw.update(train_runtime=runtime, train_samples_per_second=(samples * s.world + s.prior["samples"]) / runtime,
+                   train_steps_per_second=s.trainer.state.global_step / runtime)
     s.quality.score("after", s.trainer.model, s.trainer.processing_class, s.cfg)
     return raw
 

@@ -1,34 +1,95 @@
-"""Which comparison compare() continues, read from a real MLflow store: an interrupted one is continued (its finished
-runs kept), a finished one starts a new one. The whole path, kill and rerun included, runs in tests/test_colab.py and
-tests/test_resume.py."""
+"""Which comparison compare() continues or shows, read from a real MLflow store: an interrupted one is continued (its
+finished runs kept), a finished one is shown as recorded and trains nothing (again=True measures it afresh), another
+spelling of results_folder finds the same one, and a run lost before its first heartbeat blocks nothing. The whole
+path, kill and rerun included, runs in tests/test_colab.py and tests/test_resume.py."""
+import socket
+import time
+
 import pytest
 
-from dsnb.compare import unfinished_comparison
+from dsnb.compare import compare, newest_comparison, quality_check
 from dsnb.config import OFFLINE, ConfigError, RunConfig, tutorial_pair
-from dsnb.tracking import create_run, finish, mlflow_client
+from dsnb.tracking import STALE_S, create_run, finish, mlflow_client
 
 
-def test_an_interrupted_comparison_is_continued_and_a_finished_one_starts_anew(tmp_path):
+def pair_jobs(cfg, repeats=1):
+    return [c.replace(repeat=i) for i in range(repeats) for c in tutorial_pair(cfg)]
+
+
+def record(jobs, statuses, comparison="abc"):
+    """Runs of these jobs in the store, ended with these statuses, as compare() tags them."""
+    ids = [create_run(c, tags={"comparison": comparison, "repeat": str(c.repeat)}) for c in jobs]
+    for run_id, c, status in zip(ids, jobs, statuses, strict=True):
+        finish(run_id, c.tracking_uri, status)
+    return ids
+
+
+def test_an_interrupted_comparison_is_continued_and_another_configs_never(tmp_path):
     cfg = RunConfig(**dict(OFFLINE, repeats=1, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
-    jobs = [(0, c) for c in tutorial_pair(cfg)]
-    fresh, runs = unfinished_comparison(cfg, jobs)
-    assert runs == {} and len(fresh) == 12  # an empty store: a new comparison
-    without, with_ds = (create_run(c, tags={"comparison": "abc", "repeat": "0"}) for _, c in jobs)
-    finish(without, cfg.tracking_uri, "FINISHED")
-    finish(with_ds, cfg.tracking_uri, "KILLED")  # a kernel killed mid-run
+    jobs = pair_jobs(cfg)
+    assert newest_comparison(cfg, jobs) == (None, {})  # an empty store: a new comparison
+    record(jobs, ["FINISHED", "KILLED"])  # a kernel killed mid-run
     other = cfg.replace(learning_rate=1e-3)  # another config's comparison is never continued for this one
-    assert unfinished_comparison(other, [(0, c) for c in tutorial_pair(other)])[1] == {}
-    comparison, runs = unfinished_comparison(cfg, jobs)
+    assert newest_comparison(other, pair_jobs(other)) == (None, {})
+    comparison, runs = newest_comparison(cfg, jobs)
     assert comparison == "abc" and {k: r.info.status for k, r in runs.items()} == {
         ("Without_DeepSpeed", "0"): "FINISHED", ("With_DeepSpeed", "0"): "KILLED"}
-    mlflow_client(cfg.tracking_uri).set_terminated(with_ds, status="FINISHED")  # the resumed run finished
-    comparison, runs = unfinished_comparison(cfg, jobs)
-    assert comparison not in ("abc", fresh) and runs == {}  # every run finished: run again, a new comparison
 
 
-def test_a_comparison_whose_run_is_still_running_elsewhere_waits(tmp_path):
+def test_a_finished_comparison_is_shown_under_any_spelling_of_its_folder_and_trains_nothing(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """Run all again after the pair finished (a new runtime, the store on Drive): the comparison's runs come back as
+    they were recorded, whatever follows them, under results_folder "dsnb", "dsnb/" or "./dsnb"; nothing trains."""
+    monkeypatch.chdir(tmp_path)
+    first = RunConfig.layered(dict(OFFLINE, repeats=1, results_folder="dsnb"))
+    ids = record(pair_jobs(first), ["FINISHED", "FAILED"])  # a variant that ran out of memory is an answer too
+    for spelling in ("dsnb/", "./dsnb", str(tmp_path / "dsnb")):
+        cfg = RunConfig.layered(dict(OFFLINE, repeats=1, results_folder=spelling))
+        results = compare(cfg)
+        assert [r.run_id for r in results] == ids and all(r.skipped for r in results)
+        assert "this comparison (abc) had finished" in capsys.readouterr().out
+    runs = mlflow_client(first.tracking_uri).search_runs(["1"])
+    assert len(runs) == 2  # nothing new in the store
+
+
+def test_asking_for_more_repeats_runs_only_the_repeats_a_comparison_lacks(tmp_path):
     cfg = RunConfig(**dict(OFFLINE, repeats=1, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
-    jobs = [(0, c) for c in tutorial_pair(cfg)]
-    create_run(jobs[0][1], tags={"comparison": "abc", "repeat": "0"})  # this process: alive, so not stale
-    with pytest.raises(ConfigError, match="is still running on"):
-        unfinished_comparison(cfg, jobs)
+    record(pair_jobs(cfg), ["FINISHED", "FINISHED"])
+    more = cfg.replace(repeats=3)
+    comparison, runs = newest_comparison(more, pair_jobs(more, 3))
+    assert comparison == "abc" and set(runs) == {("Without_DeepSpeed", "0"), ("With_DeepSpeed", "0")}
+
+
+def test_repeats_are_seeded_apart_and_every_variants_repeat_alike(tmp_path):
+    cfg = RunConfig(**dict(OFFLINE, repeats=3))
+    jobs = pair_jobs(cfg, 3)
+    assert [(c.name, c.run_seed) for c in jobs] == [(n, 42 + i) for i in range(3)
+                                                    for n in ("Without_DeepSpeed", "With_DeepSpeed")]
+    with pytest.raises(ConfigError, match="repeat is 2, which takes seed \\+ repeat past"):
+        RunConfig(seed=2**32 - 2, repeat=2)
+
+
+def test_a_run_still_running_elsewhere_waits_and_one_lost_before_its_first_heartbeat_blocks_nothing(tmp_path):
+    cfg = RunConfig(**dict(OFFLINE, repeats=1, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
+    jobs = pair_jobs(cfg)
+    [alive] = record(jobs[:1], ["RUNNING"])
+    client = mlflow_client(cfg.tracking_uri)
+    client.set_tag(alive, "dsnb.host", "another-runtime")  # a live run on another machine: its heartbeat is fresh
+    with pytest.raises(ConfigError, match="is still running on another-runtime"):
+        newest_comparison(cfg, jobs)
+    # that machine died before its run's process first beat: the tag set when the run opened goes stale
+    client.set_tag(alive, "dsnb.alive", str(int(time.time()) - STALE_S - 1))
+    comparison, runs = newest_comparison(cfg, jobs)
+    run = runs["Without_DeepSpeed", "0"]
+    assert comparison == "abc" and run.info.status == "KILLED" and run.data.tags["failure"] == "killed"
+    assert socket.gethostname() != "another-runtime"
+
+
+def test_a_finished_quality_check_is_kept(tmp_path, capsys):
+    cfg = RunConfig(**dict(OFFLINE, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", output_dir=str(tmp_path / "runs")))
+    quality = RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri, "experiment": cfg.experiment,
+                                 "output_dir": cfg.output_dir})
+    run_id = create_run(quality)
+    finish(run_id, cfg.tracking_uri, "FINISHED")
+    kept = quality_check(cfg)
+    assert kept.run_id == run_id and kept.skipped and f"kept its FINISHED run {run_id}" in capsys.readouterr().out

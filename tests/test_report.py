@@ -5,18 +5,20 @@ import json
 import mlflow
 
 from dsnb.config import NOT_WORK, OFFLINE, WORK_FIELDS, RunConfig, field_names
-from dsnb.report import answers, same_work, verdict
+from dsnb.data import question_key
+from dsnb.report import answers, power, questions_needed, same_answers, same_work, verdict
 from dsnb.tracking import RunResult, create_run, log_json, mlflow_client
 
 
-def logged(workdir, name, metrics, rows=None, **changes) -> RunResult:
+def logged(workdir, name, metrics, rows=None, params=None, **changes) -> RunResult:
     """A finished run as training leaves it: its config as params, its metrics and answers.json."""
     cfg = RunConfig(**dict(OFFLINE, tracking_uri=f"sqlite:///{workdir}/mlflow.db", run_name=name, **changes))
     run_id = create_run(cfg)
     client = mlflow_client(cfg.tracking_uri)
     client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, 0, 0) for k, v in metrics.items()])
-    client.log_param(run_id, "eval_task", "reading the passage")
-    client.log_param(run_id, "eval_set", "abc123")
+    for key, value in {"eval_task": "reading the passage", "eval_set": "abc123", "data_fingerprint": "d1",
+                       "train_math": "m1", **(params or {})}.items():
+        client.log_param(run_id, key, value)
     client.log_metric(run_id, "loss", 2.0, step=1)
     if rows is not None:
         with mlflow.start_run(run_id=run_id):
@@ -66,6 +68,65 @@ def test_held_out_answers_are_judged_paired_and_all_zero_is_no_signal(workdir):
     nothing = [logged(workdir / "zero", name, {}, rows(ids, ["no"] * 64)) for name in ("a", "b")]
     text = same_work(nothing)
     assert "no signal: every answer of both variants scored 0" in text and "agree" not in text.split("held-out")[-1]
+
+
+def keyed(questions, after):
+    """answers.json rows of questions given as (id, passage, question), keyed as training keys them."""
+    out = []
+    for (qid, passage, question), answer in zip(questions, after, strict=True):
+        row = {"id": qid, "context": passage, "question": question, "answers": {"text": [passage.split()[0]]}}
+        out.append({"set": "eval", "key": question_key(row), "id": qid, "question": question,
+                    "gold": row["answers"]["text"], "before": "", "after": answer, "after_em": 0.0})
+    return out
+
+
+def test_answers_never_put_one_questions_answer_under_anothers(workdir):
+    """Positional ids ("8" in two files) and one question text over four passages are different questions: joined on
+    the question itself (id, passage and text), each keeps its own row and a run not asked it shows "(not asked)"."""
+    lima = logged(workdir, "lima", {}, keyed([("8", "Lima district 8", "Which district?")], ["Lima"]))
+    seoul = logged(workdir, "seoul", {}, keyed([("8", "Seoul district 8", "Which district?")], ["Seoul"]))
+    table = answers([lima, seoul]).data
+    assert list(table["lima: after"]) == ["Lima", "(not asked)"] and list(table["seoul: after"]) == ["(not asked)",
+                                                                                                      "Seoul"]
+    same_text = [("", f"passage {i} text", "What is it?") for i in range(4)]
+    four = logged(workdir, "four", {}, keyed(same_text, ["a", "b", "c", "d"]))
+    assert list(answers([four]).data["four: after"]) == ["a", "b", "c", "d"]
+    assert same_answers([{"k": 1.0}], [{"j": 1.0}])["questions"] == 0  # no shared question: nothing is paired
+
+
+def test_answers_over_two_stores_show_both_and_say_so(workdir):
+    one = logged(workdir / "one", "run", {}, rows(["q1"], ["gold q1"]))
+    two = logged(workdir / "two", "run", {}, rows(["q1"], ["no"]))
+    styled = answers([one, two])
+    assert list(styled.data.columns)[2:] == ["run [store 1]: before", "run [store 1]: after",
+                                             "run [store 2]: before", "run [store 2]: after"]
+    assert list(styled.data["run [store 2]: after"]) == ["no"]
+    assert "runs from store 1 (sqlite:///" in styled.caption and str(workdir / "two") in styled.caption
+
+
+def test_same_work_sees_what_was_trained_and_asked_by_content(workdir):
+    """A data file changed at the same path, or a DeepSpeed JSON's own optimizer: every field reads the same, the
+    content does not."""
+    for key in ("data_fingerprint", "eval_set", "train_math"):
+        base = logged(workdir / key, "base", {})
+        other = logged(workdir / key, "other", {}, params={key: "changed"})
+        assert same_work([base, other]).splitlines()[0].strip().startswith(f"config: DIFFERENT {key}"), key
+
+
+def test_the_held_out_verdict_states_its_power_at_a_ten_point_difference(workdir):
+    ids = [f"q{i}" for i in range(64)]
+    half = [f"gold {i}" if n % 2 else "no" for n, i in enumerate(ids)]
+    a = logged(workdir, "a", {}, rows(ids, half))
+    b = logged(workdir, "b", {}, rows(ids, half[1:] + half[:1]))
+    text = same_work([a, b])
+    line = next(x for x in text.splitlines() if x.strip().startswith("held-out:"))
+    assert "at 64 questions this test detects a 10-point difference in exact match at least" in line, line
+    scores = [{q: float(n % 2) for n, q in enumerate(ids)}], [{q: float(n % 3 == 0) for n, q in enumerate(ids)}]
+    at64 = power(*scores, ids, 64)
+    assert 0.05 < at64 < 0.5  # far from sure at 64 questions
+    needed = questions_needed(*scores, ids)
+    assert power(*scores, ids, needed) >= 0.8 > power(*scores, ids, needed // 2)
+    assert f"about {needed:,} questions would detect it 80% of the time" in line
 
 
 def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):

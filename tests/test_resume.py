@@ -26,7 +26,14 @@ from dsnb import train
 from dsnb.cli import main
 moment, step = sys.argv[1], int(sys.argv[2])
 def die(): os.kill(os.getpid(), signal.SIGKILL)
-if moment == "while_writing":
+if moment == "interrupted_after_log":  # Ctrl-C once step's loss is logged: the run ends KILLED, its curve written
+    log = train.StepCallback.on_log
+    def planted(self, args, state, control, **kwargs):
+        log(self, args, state, control, **kwargs)
+        if state.global_step == step and "loss" in (kwargs.get("logs") or {}):
+            os.kill(os.getpid(), signal.SIGINT)
+    train.StepCallback.on_log = planted
+elif moment == "while_writing":
     write = hf.Trainer._save_rng_state
     def planted(self, *args, **kwargs):
         if self.state.global_step == step:
@@ -64,7 +71,7 @@ def test_a_run_killed_while_writing_and_after_a_checkpoint_resumes_to_a_true_rec
     again = dsnb("run", *FLAGS, "--resume", cwd=workdir, kill=["after_publishing", "6"])
     assert again.returncode == -9, again.stderr[-2000:]
     client, run = the_run(workdir)
-    assert run.data.tags["resumed_from"].endswith("checkpoint-2")
+    assert run.data.tags["resumed"].startswith("from checkpoint-2 after: ")
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-6"]
     assert max(loss_curve(client, run.info.run_id)[0]) >= 6  # the curve went to MLflow before checkpoint-6 showed
 
@@ -72,7 +79,8 @@ def test_a_run_killed_while_writing_and_after_a_checkpoint_resumes_to_a_true_rec
     assert done.returncode == 0, done.stderr[-3000:]
     client, after = the_run(workdir)
     assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
-    assert after.data.tags["resumed_from"].endswith("checkpoint-6")
+    assert after.data.tags["resumed"].endswith("from checkpoint-6 after: process " + after.data.tags["resumed"].split(
+        "after: process ")[-1]) and "failure" not in after.data.tags and "error" not in after.data.tags
     steps, losses = loss_curve(client, after.info.run_id)
     assert steps == list(range(1, 9))  # every step once, however often the runs before wrote it
     metrics = after.data.metrics
@@ -82,6 +90,48 @@ def test_a_run_killed_while_writing_and_after_a_checkpoint_resumes_to_a_true_rec
     assert metrics["peak_cpu_rss_mb"] > 100
     nothing = dsnb("run", *FLAGS, "--resume", cwd=workdir)
     assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr
+
+
+def test_a_resumed_run_records_what_an_uninterrupted_run_records(workdir):
+    """Interrupted once its step 4 is logged (after checkpoint-3; its curve written as the run ends KILLED), then
+    resumed: its record is the uninterrupted run's, step by step, but for the tag `resumed` and the time lost: the
+    same curve with each step once (checkpoint_steps 3 is not a logging step of 2: a checkpoint's step logs), the same
+    train_loss, the "before" answers the first process measured, the after ones, no failure tag, and a runtime and
+    throughput that cover every step."""
+    flags = ["--offline", "--quantization", "none", "--max_steps", "8", "--checkpoint_steps", "3", "--logging_steps",
+             "2", "--eval_samples", "4", "--save_model", "false"]
+    whole = dsnb("run", *flags, "--run_name", "whole", cwd=workdir)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stopped = dsnb("run", *flags, "--run_name", "resumed", cwd=workdir, kill=["interrupted_after_log", "4"])
+    assert stopped.returncode != 0, stopped.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    exp = client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id
+    runs = {r.info.run_name: r for r in client.search_runs([exp])}
+    assert runs["resumed"].info.status == "KILLED" and runs["resumed"].data.tags["failure"] == "interrupted"
+    assert {m.step for m in client.get_metric_history(runs["resumed"].info.run_id, "loss")} == {1, 2, 3, 4}
+    first = json.loads((workdir / "runs" / runs["resumed"].info.run_id / "checkpoint-3" / "dsnb_progress.json")
+                       .read_text())
+    again = dsnb("run", *flags, "--run_name", "resumed", "--resume", cwd=workdir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    runs = {r.info.run_name: r for r in client.search_runs([exp])}
+    a, b = runs["whole"], runs["resumed"]
+    assert b.info.status == "FINISHED" and b.data.tags["resumed"].startswith("from checkpoint-3 after: ")
+    assert not {"failure", "error"} & set(b.data.tags)
+    history = [m.step for m in client.get_metric_history(b.info.run_id, "loss")]
+    assert sorted(history) == [1, 2, 3, 4, 6, 8]  # each step once: step 4 was logged by the first process only
+    assert loss_curve(client, b.info.run_id) == pytest.approx(loss_curve(client, a.info.run_id), rel=1e-5)
+    for key in ("train_loss", "eval_exact_match_before", "eval_f1_before", "eval_exact_match", "eval_f1"):
+        assert b.data.metrics[key] == pytest.approx(a.data.metrics[key], rel=1e-5), key
+
+    def answers(run):
+        with open(client.download_artifacts(run.info.run_id, "answers.json")) as f:
+            return [{k: r[k] for k in ("key", "before", "after", "before_em", "after_em")} for r in json.load(f)]
+    assert answers(b) == answers(a) and len(answers(a)) == 4
+    m = b.data.metrics
+    assert m["train_samples_per_second"] * m["train_runtime_sec"] == pytest.approx(64)  # 8 steps of 2 x 4 samples
+    assert m["train_steps_per_second"] * m["train_runtime_sec"] == pytest.approx(8)
+    assert 0 < first["train_seconds"] < m["train_runtime_sec"]  # the first process's time is counted in
+    assert first["samples"] == 24  # 3 steps of 2 x 4 samples
 
 
 def test_a_checkpoint_of_the_last_step_leaves_nothing_to_train_and_the_record_stands(workdir):

@@ -433,3 +433,35 @@ def test_the_flat_step_runs_in_dsnbs_compiled_zero2_and_keeps_its_curve(tmp_path
     curve = {name: r.curve for name, r in runs.items()}
     assert len(curve["flat"]) == 4 and curve["flat"][-1] < curve["flat"][0]
     assert curve["flat"] == pytest.approx(curve["stock"], rel=1e-3)
+
+
+def test_the_training_math_is_compared_by_what_trains_not_by_how_it_runs(tmp_path):
+    """same_work's train_math: ZeRO and offload (dsnb's configs) leave the optimizer, schedule and clipping the
+    Trainer's; a user's DeepSpeed JSON with its own optimizer, scheduler or clipping changes it; a data file changed
+    at the same path changes data_fingerprint."""
+    from transformers import TrainingArguments
+
+    from dsnb.train import data_fingerprint, training_math
+    from dsnb.zero import deepspeed_config
+
+    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=2e-4, report_to="none", use_cpu=True)
+    cfg = RunConfig(**dict(OFFLINE, strategy="zero2", offload_optimizer="cpu", quantization="none"))
+    baseline = training_math(args, None)
+    assert training_math(args, deepspeed_config(cfg)) == baseline == training_math(args, deepspeed_config(
+        cfg.replace(strategy="zero3", offload_optimizer="none")))
+    own = deepspeed_config(cfg)
+    for change in ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}},
+                   {"optimizer": {"type": "Adam", "params": {}}},
+                   {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}},
+                   {"gradient_clipping": 0.5}):
+        assert training_math(args, {**own, **change}) != baseline, change
+
+    tokenizer = load_tokenizer(RunConfig(**OFFLINE))
+    path = tmp_path / "data.jsonl"
+    prints = []
+    for answer in ("Seoul", "Busan"):  # one file, its answers edited in place
+        path.write_text("\n".join(json.dumps({"question": f"q{i}?", "context": f"{answer} is the city {i}.",
+                                              "answers": {"text": [answer]}}) for i in range(8)))
+        file_cfg = RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=8))
+        prints.append(data_fingerprint(build_dataset(file_cfg, tokenizer, load_records(file_cfg))))
+    assert prints[0] != prints[1]
