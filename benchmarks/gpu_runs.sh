@@ -11,6 +11,8 @@
 #   OUT=out bash benchmarks/gpu_runs.sh big          # 8B LoRA + ZeRO-3 offload: under 15 GB, and its map cell
 #   OUT=out bash benchmarks/gpu_runs.sh nvme         # ZeRO-3 with parameters and optimizer on disk
 #   OUT=out bash benchmarks/gpu_runs.sh notebook01   # notebook 01 under colab_t4 to its last cell, saved models reloaded
+#   OUT=out bash benchmarks/gpu_runs.sh notebook01rerun  # the same killed after its pair finished, run all again in a
+#                                                    # wiped runtime: the second pass trains nothing of the pair
 #   OUT=out bash benchmarks/gpu_runs.sh colab        # notebook 01 under the colab_t4 preset (GPU 0) beside the T4
 #                                                    # fast recipe in fp16 and compiled DeepSpeed variants (GPU 1)
 #   OUT=out bash benchmarks/gpu_runs.sh t4drop       # the T4 fast recipe compiled in fp16: inductor's dropout masks, then dsnb's
@@ -149,6 +151,14 @@ notebook01)  # notebook 01 as a Colab T4 user runs it (the colab_t4 preset, the 
     adapter-* 2>/dev/null | tee "$OUT/reload_parity.jsonl")
   cp /tmp/nb01/adapter-*/README.md "$OUT/model_card_3b.md" 2>/dev/null
   DB=sqlite:////tmp/nb01/mlflow.db dump notebook01
+  ;;
+notebook01rerun)  # notebook 01 under colab_t4 killed in its quality check (the pair finished), the runtime wiped but
+  # for the results folder, run all again: the second pass must train nothing of the pair (benchmarks/notebook_rerun.py)
+  prebuild synthetic:llama-3.2-3b
+  python3 -m ipykernel install --user --name python3 > /dev/null 2>&1
+  rm -rf /tmp/nb01rerun
+  timeout "${LIMIT:-480}" python3 benchmarks/notebook_rerun.py "$OUT" /tmp/nb01rerun -p preset colab_t4 \
+    -p model synthetic:llama-3.2-3b -p dataset synthetic -p max_steps 20 -p repeats 1 -p eval_samples 16
   ;;
 colab)  # what a Colab T4 user runs, on an H200 under the T4 preset (fp16, 15 GB cap, 12.7 GB RAM check): it is no T4
   prebuild synthetic:llama-3.2-3b
