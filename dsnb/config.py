@@ -173,8 +173,9 @@ class RunConfig:
     variant; with a closed-book prompt as many trained questions too (recall); 0 skips it."""
     scoring: str = "auto"
     """How answers are scored: squad (SQuAD v1.1's normalization, F1 over words), korquad (KorQuAD 1.0's: brackets and
-    quotes dropped, F1 over characters, so 서울에 against 서울 earns partial credit), or auto: korquad for questions
-    whose gold answer is Korean, squad for the rest."""
+    quotes dropped, F1 over characters, so 서울에 against 서울 earns partial credit), or auto: one of them for the whole
+    run, by the data set: korquad for KorQuAD, squad for SQuAD, and for a file or the synthetic set korquad where at
+    least half its rows hold Hangul in the passage or question (the run's scoring_mode param says which)."""
     learning_rate: float = 2e-4
     """Peak learning rate (linear decay after lr_warmup_steps)."""
     lr_warmup_steps: int = 0

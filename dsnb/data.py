@@ -1,19 +1,25 @@
 """SQuAD-format rows from the hub, a local file or a deterministic offline generator, tokenized the tutorial's way.
 
     rows = load_records(cfg)                     # [{"question": ..., "answers": {"text": [...]}}, ...], validated
-    held_out = load_records(cfg, "eval")         # questions no training row holds, for evaluation
+    asked, counts = held_out(cfg, 64, tokenizer) # questions no training row holds, and how many were left out, why
     train_set = build_dataset(cfg, tokenizer)    # input_ids / attention_mask / labels (padding ignored)
     collate = collator(tokenizer, cfg)           # pads (or packs) each batch as cfg.padding says
+    question_key(row)                            # the question's own name, to join runs' answers on
 
-Every row is checked as it is read: a file's bad bytes, a question that is not text or an `answers.text`
-that is a string rather than a list stop the run before any model loads, naming the file and the row.
+Every row is checked as it is read: a file's bad bytes, a question that is not text, an `answers.text` that is a
+string rather than a list, or an official nested JSON file of another shape stop the run before any model loads,
+naming the file and the row (or article, paragraph and question). With the passage prompt, a row whose passage lacks
+its answer is left out, and counted: training on it would teach an answer the sample does not show.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import os
 import random
+import re
 
 from .config import ConfigError, RunConfig, describe
 
@@ -39,24 +45,78 @@ EVAL_SEED = 0  # draws the held-out questions: the same for every variant, run a
 
 
 def load_records(cfg: RunConfig, split: str = "train", n: int | None = None) -> list[dict]:
-    """Validated rows: the first cfg.num_samples of the training data, or (split "eval") n held-out rows that no
-    training row holds, drawn with a fixed seed (EVAL_SEED, the same for every variant and run) from the whole of
-    what is held out: SQuAD's (or KorQuAD's) validation split, the rows of a file after the training ones, or the
-    synthetic questions of the held-out kind. An "eval" split may hold fewer than n rows (none where a file has no
-    more)."""
+    """Validated rows: the first cfg.num_samples of the training data, or (split "eval") the held-out rows that
+    held_out() picks (n of them at most)."""
+    if split == "eval":
+        return held_out(cfg, cfg.num_samples if n is None else n)[0]
     n = cfg.num_samples if n is None else n
-    held_out = split == "eval"
     if cfg.dataset == "synthetic":
-        rows, where = synthetic_squad(72 if held_out else n, held_out=held_out), "synthetic"
+        rows, where = synthetic_squad(n), "synthetic"
     elif cfg.dataset in HUB_DATASETS:
-        rows, where = hub_rows(cfg.dataset, None if held_out else n, "validation" if held_out else "train"), \
-            HUB_DATASETS[cfg.dataset]
+        rows, where = hub_rows(cfg.dataset, n, "train"), HUB_DATASETS[cfg.dataset]
     else:
-        rows, where = file_records(cfg.dataset, None if held_out else n, skip=cfg.num_samples if held_out else 0)
-    if held_out:  # a sample of the whole held-out part: SQuAD's validation split is ordered by article
-        chosen = sorted(random.Random(EVAL_SEED).sample(range(len(rows)), min(n, len(rows))))
-        rows = [rows[i] for i in chosen]
-    return [normalize_row(row, where, i) for i, row in enumerate(rows)]
+        rows, where = file_records(cfg.dataset, n)
+    return [normalize_row(row, f"{where}, row {i + 1}") for i, row in enumerate(rows)]
+
+
+LEFT_OUT = ("shares_training", "not_in_passage", "answer_cut")  # why a held-out question is not asked
+
+
+def held_out(cfg: RunConfig, n: int, tokenizer=None) -> tuple[list[dict], dict]:
+    """Up to n held-out questions, and how many were left out and why.
+
+    Candidates come in one seeded order (EVAL_SEED: the same for every variant, run and seed) over the whole held-out
+    part: SQuAD's (or KorQuAD's) validation split, the rows of a file after the training ones, or the synthetic
+    questions of the held-out kind. A candidate is left out, and the next one taken, where (a file) a training row
+    has its passage, or without passages its question and answer (shares_training: the synthetic set shares passages
+    by design, its questions are held out; SQuAD's splits hold different articles); where (prompt passage) none of its
+    answers is in its passage (not_in_passage); where (prompt passage, given a tokenizer) the window of the passage
+    it is asked with loses every answer (answer_cut). Returns (the rows in the held-out part's order, counts: eval_pool
+    the held-out rows there are, eval_left_out_<reason> for each reason)."""
+    trained, first = [], 0
+    if cfg.dataset == "synthetic":
+        pool, where = synthetic_squad(72, held_out=True), "synthetic"
+    elif cfg.dataset in HUB_DATASETS:
+        pool, where = hub_rows(cfg.dataset, None, "validation"), HUB_DATASETS[cfg.dataset]
+    else:
+        pool, where = file_records(cfg.dataset, None, skip=cfg.num_samples)
+        trained, first = load_records(cfg), cfg.num_samples
+    taken = {shared_part(row) for row in trained}
+    left = dict.fromkeys(LEFT_OUT, 0)
+    chosen: list[tuple[int, dict]] = []
+    # A permutation of the whole part, so a question left out gives its place to the next of the same draw.
+    for i in random.Random(EVAL_SEED).sample(range(len(pool)), len(pool)):
+        if len(chosen) == n:
+            break
+        row = normalize_row(pool[i], f"{where}, row {first + i + 1}")
+        reason = left_out_because(cfg, tokenizer, row, taken)
+        if reason:
+            left[reason] += 1
+        else:
+            chosen.append((i, row))
+    return [row for _, row in sorted(chosen, key=lambda c: c[0])], {
+        "eval_pool": len(pool), **{f"eval_left_out_{reason}": count for reason, count in left.items()}}
+
+
+def shared_part(row: dict) -> tuple:
+    """What a held-out row may not share with a training row: its passage, or without one its question and answers."""
+    context = row.get("context")
+    if isinstance(context, str) and context.strip():
+        return ("passage", context)
+    return ("question", row["question"], tuple(row["answers"]["text"]))
+
+
+def left_out_because(cfg: RunConfig, tokenizer, row: dict, taken: set) -> str | None:
+    """Why a held-out row is not asked (one of LEFT_OUT), or None."""
+    if shared_part(row) in taken:
+        return "shares_training"
+    if not answer_in_passage(cfg, row):
+        return "not_in_passage"
+    if tokenizer is not None and cfg.prompt == "passage" and row["answers"]["text"]:
+        window = passage_window(cfg, tokenizer, row)
+        if not any(in_window(span, window) for span in answer_spans(row, row["context"])):
+            return "answer_cut"
+    return None
 
 
 def hub_rows(name: str, n: int | None, split: str = "train") -> list[dict]:
@@ -77,14 +137,7 @@ def file_records(path: str, n: int | None, skip: int = 0) -> tuple[list[dict], s
     """Rows skip..skip+n (to the end with None) of a local JSON/JSONL/CSV/Parquet file with SQuAD's fields
     (`answers`, or a plain `answer`; the official nested SQuAD/KorQuAD JSON too), and how to name the file in
     messages. With skip (held-out rows), fewer rows are no error."""
-    kind = FILE_TYPES.get(os.path.splitext(path)[1].lower())
-    if kind is None:
-        raise ConfigError(f"dataset {path!r} is not squad, korquad, synthetic, or a {'/'.join(FILE_TYPES)} file")
-    if not os.path.isfile(path):
-        raise ConfigError(f"dataset file {path!r} does not exist; check the path or use dataset=synthetic")
-    if kind != "parquet":
-        check_utf8(path)
-    rows = read_file(path, kind)
+    rows = file_dataset(path)
     if len(rows) == 0:
         raise ConfigError(f"dataset file {path} holds no rows")
     missing = [c for c in ("question",) if c not in rows.column_names]
@@ -103,10 +156,26 @@ def file_records(path: str, n: int | None, skip: int = 0) -> tuple[list[dict], s
                           "save it as UTF-8") from None
 
 
-def read_file(path: str, kind: str):
-    """A local data file as a datasets.Dataset (the official nested SQuAD JSON flattened first)."""
+def file_dataset(path: str):
+    """A local data file, checked (its kind, that it exists, UTF-8 text) and read as a datasets.Dataset."""
+    kind = FILE_TYPES.get(os.path.splitext(path)[1].lower())
+    if kind is None:
+        raise ConfigError(f"dataset {path!r} is not squad, korquad, synthetic, or a {'/'.join(FILE_TYPES)} file")
+    if not os.path.isfile(path):
+        raise ConfigError(f"dataset file {path!r} does not exist; check the path or use dataset=synthetic")
+    stat = os.stat(path)
+    return read_file(path, kind, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def read_file(path: str, kind: str, size: int, mtime_ns: int):
+    """A local data file as a datasets.Dataset (the official nested SQuAD JSON flattened first). Read once a process
+    while the file stays as it was (its size and time, in the arguments): training rows, held-out rows and the
+    scoring's language all come from it."""
     import datasets
 
+    if kind != "parquet":
+        check_utf8(path)
     nested = squad_articles(path) if kind == "json" else None
     try:
         with quiet_datasets():  # a local file's "Generating train split" bar tells nothing
@@ -118,27 +187,60 @@ def read_file(path: str, kind: str):
 
 def squad_articles(path: str) -> list[dict] | None:
     """The questions of an official SQuAD-format JSON file ({"data": [{"title", "paragraphs": [{"context", "qas"}]}]}),
-    flat, in the file's order; None for any other JSON (a list of rows, JSON lines)."""
+    flat, in the file's order, each checked where it stands (a ConfigError names the article, paragraph and question
+    by number, and the article's title); None for any other JSON (a list of rows, JSON lines)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark, as some Windows editors write, is no text
             top = json.load(f)
     except json.JSONDecodeError:  # JSON lines, or not JSON at all: datasets reads or refuses it
         return None
     if not isinstance(top, dict) or not isinstance(top.get("data"), list):
         return None
     rows = []
-    for article in top["data"]:
-        for paragraph in (article.get("paragraphs") or []) if isinstance(article, dict) else []:
-            for qa in paragraph.get("qas") or []:
-                answers = qa.get("answers") or []
-                rows.append({"id": str(qa.get("id", len(rows))), "title": article.get("title", ""),
-                             "context": paragraph.get("context", ""), "question": qa.get("question"),
-                             "answers": {"text": [a.get("text", "") for a in answers if isinstance(a, dict)],
-                                         "answer_start": [a.get("answer_start", -1) for a in answers
-                                                          if isinstance(a, dict)]}})
+    for a, article in enumerate(top["data"], 1):
+        place = f"dataset file {path}, article {a}"
+        if not isinstance(article, dict):
+            raise ConfigError(f"{place} is {brief(article)}; each entry of data is an object with title and paragraphs")
+        title = article.get("title")
+        place += f" ({title!r})" if title else ""
+        paragraphs = article.get("paragraphs")
+        if not isinstance(paragraphs, list):
+            raise ConfigError(f"{place}: paragraphs is {brief(paragraphs)}; give a list of {{\"context\", \"qas\"}} "
+                              "objects")
+        for p, paragraph in enumerate(paragraphs, 1):
+            rows += paragraph_rows(paragraph, f"{place}, paragraph {p}", "" if title is None else str(title))
     if not rows:
         raise ConfigError(f"dataset file {path} is SQuAD-format JSON but holds no questions")
     return rows
+
+
+def paragraph_rows(paragraph, place: str, title: str) -> list[dict]:
+    """The validated rows of one paragraph of the official nested JSON. Its id is the file's own, or none: a number
+    made up from the row's place would name different questions in two files."""
+    if not isinstance(paragraph, dict):
+        raise ConfigError(f"{place} is {brief(paragraph)}; each paragraph is an object with context and qas")
+    context, qas = paragraph.get("context", ""), paragraph.get("qas") or []
+    if not isinstance(context, str):
+        raise ConfigError(f"{place}: context is {brief(context)}; give the passage as text")
+    if isinstance(qas, dict) and "question" in qas:  # one question without its list around it: the meaning is clear
+        qas = [qas]
+    if not isinstance(qas, list):
+        raise ConfigError(f"{place}: qas is {brief(qas)}; give a list of {{\"id\", \"question\", \"answers\"}} objects")
+    rows = []
+    for q, qa in enumerate(qas, 1):
+        where = f"{place}, question {q}"
+        if not isinstance(qa, dict):
+            raise ConfigError(f"{where} is {brief(qa)}; each question is an object with question and answers")
+        row = {"id": "" if qa.get("id") is None else str(qa["id"]), "title": title, "context": context,
+               "question": qa.get("question"), "answers": qa.get("answers")}
+        rows.append(normalize_row(row, where))
+    return rows
+
+
+def brief(value) -> str:
+    """A value as messages show it: its type, and its start."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
 @contextlib.contextmanager
@@ -166,48 +268,49 @@ def check_utf8(path: str) -> None:
                                   "text; save the file as UTF-8") from None
 
 
-def normalize_row(row: dict, where: str, index: int) -> dict:
-    """The row with a text question and SQuAD's answers ({"text": [str, ...]}), or a ConfigError naming the row."""
-    place = f"{where}, row {index + 1}"
+def normalize_row(row: dict, place: str) -> dict:
+    """The row with a text question and SQuAD's answers ({"text": [str, ...], "answer_start": [int, ...]}), or a
+    ConfigError naming the row (place)."""
     question = row.get("question")
     if not isinstance(question, str) or not question.strip():
         raise ConfigError(f"{place}: question is {question!r}; every row needs its question as text")
     answers = row["answers"] if "answers" in row else row.get("answer")
-    return {**row, "question": question, "answers": {"text": answer_texts(answers, place)}}
+    return {**row, "question": question, "answers": parse_answers(answers, place)}
 
 
-def answer_texts(answers, place: str) -> list[str]:
-    """SQuAD's answers (a mapping with a `text` list), a plain answer, or a JSON cell holding either."""
+def parse_answers(answers, place: str) -> dict:
+    """SQuAD's answers, {"text": [str, ...], "answer_start": [int, ...]} (-1 where a start is not given), from each
+    shape with one meaning: SQuAD's flat mapping, the official nested list of {"text", "answer_start"}, a list of
+    texts, a plain answer, or a JSON cell holding one of these."""
     if isinstance(answers, str) and answers.lstrip().startswith("{"):
         try:  # SQuAD's nested field flattened into a CSV cell; a cell that only looks like JSON is its own text
             answers = json.loads(answers)
         except json.JSONDecodeError:
-            return [answers]
+            return {"text": [answers], "answer_start": [-1]}
+    starts = []
     if isinstance(answers, dict):
-        texts = answers.get("text")
+        texts, starts = answers.get("text"), answers.get("answer_start")
         if isinstance(texts, str):
             raise ConfigError(f"{place}: answers.text is the string {texts[:40]!r}; SQuAD's answers.text is a "
                               f"list of strings, e.g. {{\"text\": [{json.dumps(texts[:40], ensure_ascii=False)}]}}")
-        if texts is None:
-            return []
+        texts = [] if texts is None else texts
         if not isinstance(texts, list) or not all(isinstance(t, (str, int, float)) for t in texts):
             raise ConfigError(f"{place}: answers.text is {texts!r}; give a list of answer strings")
-        return [str(t) for t in texts]
-    if isinstance(answers, list):
-        return [str(t) for t in answers]
-    if answers is None or answers == "":
-        return []
-    if isinstance(answers, (str, int, float)):
-        return [str(answers)]
-    raise ConfigError(f"{place}: answers is {answers!r}; give SQuAD's {{\"text\": [...]}} or a plain answer")
-
-
-def question_key(row: dict) -> str:
-    """The question itself, as a short key: its id, passage and question text together."""
-    import hashlib
-
-    text = json.dumps([str(row.get("id", "")), row.get("context") or "", row["question"]], ensure_ascii=False)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
+    elif isinstance(answers, list):  # texts, or the official file's {"text", "answer_start"} objects
+        pairs = [(a.get("text"), a.get("answer_start")) if isinstance(a, dict) else (a, -1) for a in answers]
+        if not all(isinstance(text, (str, int, float)) for text, _ in pairs):
+            raise ConfigError(f"{place}: answers is {brief(answers)}; give a list of answer strings or of "
+                              "{\"text\", \"answer_start\"} objects")
+        texts, starts = [text for text, _ in pairs], [start for _, start in pairs]
+    elif answers is None or answers == "":
+        texts = []
+    elif isinstance(answers, (str, int, float)):
+        texts = [answers]
+    else:
+        raise ConfigError(f"{place}: answers is {answers!r}; give SQuAD's {{\"text\": [...]}} or a plain answer")
+    starts = starts if isinstance(starts, list) else []
+    starts = [s if isinstance(s, int) and not isinstance(s, bool) and s >= 0 else -1 for s in starts[:len(texts)]]
+    return {"text": [str(t) for t in texts], "answer_start": starts + [-1] * (len(texts) - len(starts))}
 
 
 def answer_text(row: dict) -> str:
@@ -216,22 +319,48 @@ def answer_text(row: dict) -> str:
     return texts[0] if texts else NO_ANSWER
 
 
+def question_key(row: dict) -> str:
+    """A short, stable name of the question a row asks: a hash of its id, passage and question text together. Runs'
+    answers are joined on it: an id alone can name different questions (two files numbered alike), and a question
+    text alone can stand for several (one question over several passages)."""
+    parts = ["" if row.get(k) is None else str(row[k]) for k in ("id", "context", "question")]
+    return hashlib.sha1("\x1f".join(parts).encode()).hexdigest()[:16]
+
+
+HANGUL = re.compile("[\uac00-\ud7a3\u1100-\u11ff\u3130-\u318f]")
+
+
+def korean_text(cfg: RunConfig) -> bool:
+    """Whether at least half the rows of a file or of the synthetic set (all of them, training and held-out) are
+    Korean: Hangul in the passage or the question. Decided from the set's text, so every variant of it decides
+    alike."""
+    if cfg.dataset == "synthetic":
+        rows = synthetic_squad(240) + synthetic_squad(72, held_out=True)  # every question the generator asks
+        texts = [f"{r['context']} {r['question']}" for r in rows]
+    else:
+        rows = file_dataset(cfg.dataset)
+        columns = [rows[c] for c in ("context", "question") if c in rows.column_names]
+        texts = [" ".join(t for t in parts if isinstance(t, str)) for parts in zip(*columns, strict=True)]
+    return 2 * sum(bool(HANGUL.search(t)) for t in texts) >= len(texts)
+
+
 def format_prompt(row: dict) -> str:
     return PROMPT.format(question=row["question"], answer=answer_text(row))
 
 
-def prompt_parts(cfg: RunConfig, tokenizer, row: dict) -> tuple[list[int], list[int]]:
+def prompt_parts(cfg: RunConfig, tokenizer, row: dict, window: tuple[int, int] | None = None
+                 ) -> tuple[list[int], list[int]]:
     """(the prompt's tokens, the whole sample's tokens) of a row in cfg.prompt's format.
 
-    passage: the row's passage, its question and answer ("본문: ...\n질문: ...\n답변: ...") and the end-of-sequence
-    token, the passage's end cut where the whole would not fit max_length (the question and answer never are);
+    passage: the passage's window (characters start..end; without one, passage_window's for a question asked),
+    its question and answer ("본문: ...\n질문: ...\n답변: ...") and the end-of-sequence token;
     tutorial: the tutorial's closed-book text exactly; eos: that text and the end-of-sequence token, so a generated
     answer stops; chat: the model's own chat template (question as the user's turn, answer as the assistant's). The
     loss covers the whole sample, as in the tutorial; the closed-book prompts are cut at max_length by the caller.
     """
     if cfg.prompt == "passage":
-        context = fitted_context(cfg, tokenizer, row)
-        fields = dict(context=context, question=row["question"])
+        start, end = window or passage_window(cfg, tokenizer, row)
+        fields = dict(context=row["context"][start:end], question=row["question"])
         prompt = tokenizer(PASSAGE.format(**fields, answer="").rstrip())["input_ids"]
         whole = tokenizer(PASSAGE.format(**fields, answer=answer_text(row)))["input_ids"]
         return prompt, whole + [tokenizer.eos_token_id]
@@ -248,50 +377,99 @@ def prompt_parts(cfg: RunConfig, tokenizer, row: dict) -> tuple[list[int], list[
     return prompt, whole + ([tokenizer.eos_token_id] if cfg.prompt == "eos" else [])
 
 
-def passage_tokens(tokenizer, row: dict, context: str) -> int:
-    fields = dict(context=context, question=row["question"], answer=answer_text(row))
-    return len(tokenizer(PASSAGE.format(**fields))["input_ids"]) + 1
-
-
-def fitted_context(cfg: RunConfig, tokenizer, row: dict) -> str:
-    """The row's passage, its end cut (whole characters, as few as must go) where the sample would exceed max_length,
-    so the question and the answer always stay; the cut is decided without the answer's position, the same way for
-    training and held-out rows."""
+def passage(cfg: RunConfig, row: dict) -> str:
+    """The row's passage, which prompt passage needs."""
     context = row.get("context")
     if not isinstance(context, str) or not context.strip():
         raise ConfigError(f"prompt is 'passage' but a row of {cfg.dataset} has no passage (its question: "
                           f"{row['question'][:60]!r}); give rows a context column, or use prompt eos (closed-book)")
-    if passage_tokens(tokenizer, row, context) <= cfg.max_length:
-        return context
-    low, high = 0, len(context)  # low fits (an empty passage, or the question alone is too long: then cut anyway)
+    return context
+
+
+def answer_spans(row: dict, context: str) -> list[tuple[int, int] | None]:
+    """Where each answer lies in the passage, (start, end) in characters: at its answer_start where that points at its
+    text, else where the text first occurs; None where the passage does not hold it."""
+    starts = list(row["answers"].get("answer_start") or [])
+    spans = []
+    for i, text in enumerate(row["answers"]["text"]):
+        start = starts[i] if i < len(starts) else -1
+        if not (isinstance(start, int) and start >= 0 and context.startswith(text, start)):
+            start = context.find(text)
+        spans.append((start, start + len(text)) if text and start >= 0 else None)
+    return spans
+
+
+def in_window(span: tuple[int, int] | None, window: tuple[int, int]) -> bool:
+    """Whether an answer's span (None: not in the passage) lies whole in a window of the passage."""
+    return span is not None and window[0] <= span[0] and span[1] <= window[1]
+
+
+def answer_in_passage(cfg: RunConfig, row: dict, trained: bool = False) -> bool:
+    """Whether the row's passage holds its answer (trained: the first, which the sample teaches; else any of them).
+    True without an answer, and for the closed-book prompts, which show no passage."""
+    if cfg.prompt != "passage" or not row["answers"]["text"]:
+        return True
+    spans = answer_spans(row, passage(cfg, row))
+    return spans[0] is not None if trained else any(spans)
+
+
+def passage_window(cfg: RunConfig, tokenizer, row: dict, trained: bool = False) -> tuple[int, int]:
+    """The characters (start, end) of the row's passage its sample shows: all of it where the sample fits max_length.
+
+    A trained row's window holds the answer it teaches (answer_start where given, else its first occurrence): the
+    passage's start where that holds it, else the first window that does, its start moved half a window at a time, as
+    SQuAD's readers stride over a long passage. A question asked gets the passage's start, as much as lets the
+    prompt fit.
+    """
+    context, answer = passage(cfg, row), answer_text(row)
+
+    def fits(start: int, end: int) -> bool:
+        fields = dict(context=context[start:end], question=row["question"])
+        if trained:  # the whole sample: passage, question, answer and the end-of-sequence token
+            return len(tokenizer(PASSAGE.format(**fields, answer=answer))["input_ids"]) + 1 <= cfg.max_length
+        # A question asked is shown its window without knowing the answer, as a reader meets it: a window placed (or
+        # sized) by the answer would tell the model where to look. The prompt fits; the answer is generated after it.
+        return len(tokenizer(PASSAGE.format(**fields, answer="").rstrip())["input_ids"]) < cfg.max_length
+
+    end = widest(fits, 0, len(context))
+    span = answer_spans(row, context)[0] if trained and row["answers"]["text"] else None
+    if span is None or span[1] <= end or end == 0:  # end 0: no window shows any of the passage
+        return 0, end
+    stride = max(1, end // 2)
+    first = max(1, (span[1] - end) // stride)  # the windows before, about as wide as the first, end before the answer
+    for start in [*range(first * stride, span[0], stride), span[0]]:
+        start = context.rfind(" ", 0, start) + 1 if start < span[0] else start  # from a word's first character
+        end = widest(fits, start, len(context))
+        if end >= span[1]:
+            break
+    return start, end
+
+
+def widest(fits, start: int, stop: int) -> int:
+    """The largest end (start..stop) with fits(start, end), as few characters cut as must be; start where none fits
+    (the question alone too long: the passage goes)."""
+    if fits(start, stop):
+        return stop
+    low, high = start, stop - 1
     while low < high:
         mid = (low + high + 1) // 2
-        if passage_tokens(tokenizer, row, context[:mid]) <= cfg.max_length:
+        if fits(start, mid):
             low = mid
         else:
             high = mid - 1
-    return context[:low]
-
-
-def passage_cuts(cfg: RunConfig, tokenizer, rows: list[dict]) -> tuple[int, int]:
-    """(rows whose passage max_length cuts, of them the rows whose answer the cut removes from the passage)."""
-    if cfg.prompt != "passage":
-        return 0, 0
-    cut = lost = 0
-    for row in rows:
-        kept = fitted_context(cfg, tokenizer, row)
-        if len(kept) < len(row["context"]):
-            cut += 1
-            lost += bool(row["answers"]["text"]) and not any(a in kept for a in row["answers"]["text"])
-    return cut, lost
+    return low
 
 
 def build_dataset(cfg: RunConfig, tokenizer, rows: list[dict] | None = None):
-    """Tokenize rows into a datasets.Dataset of input_ids, attention_mask, labels and full_length.
+    """Tokenize rows into a datasets.Dataset of input_ids, attention_mask, labels, full_length, window_moved and
+    answer_cut.
 
     Labels are the input ids with padding masked to -100, so the loss never counts padding; full_length is a
-    sample's length before truncation to max_length. A max_length that leaves no answer token in any sample
-    is an error (the run would train on prompts alone).
+    sample's length before truncation to max_length; window_moved, that its passage's window moved off the start to
+    hold the answer; answer_cut, that the sample does not show its whole answer (max_length cut the passage or the
+    answer). With prompt passage, rows whose passage lacks their answer are left out: the sample would teach an
+    answer it does not show. A max_length that leaves no answer token in any sample is an error (the run would
+    train on prompts alone).
     """
     import datasets
 
@@ -302,26 +480,49 @@ def build_dataset(cfg: RunConfig, tokenizer, rows: list[dict] | None = None):
         raise ConfigError(f"every one of the {len(rows)} training rows of {cfg.dataset} has an empty answer (none, or "
                           f"blank text), so the run would only learn to say {NO_ANSWER!r} or nothing; check the file's "
                           "answers column")
-    parts = [prompt_parts(cfg, tokenizer, row) for row in rows]
+    kept = [row for row in rows if answer_in_passage(cfg, row, trained=True)]
+    if rows and not kept:
+        raise ConfigError(f"none of the {len(rows)} training rows of {cfg.dataset} has its answer in its passage, so "
+                          "the passage prompt would teach answers it never shows; check the file's context and answers "
+                          "columns, or use prompt eos (closed-book)")
+    windows = [passage_window(cfg, tokenizer, row, trained=True) if cfg.prompt == "passage" else None for row in kept]
+    parts = [prompt_parts(cfg, tokenizer, row, window) for row, window in zip(kept, windows, strict=True)]
     if all(len(prompt) >= cfg.max_length for prompt, _ in parts):
         longest = max(len(whole) for _, whole in parts)
         raise ConfigError(f"max_length is {cfg.max_length}, which cuts every sample before its answer (the prompts "
                           f"alone take {min(len(p) for p, _ in parts)} tokens or more); set max_length to at least "
                           f"{longest}, the longest sample")
-    columns: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "full_length": []}
-    for _, whole in parts:
+    columns: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "full_length": [],
+                                "window_moved": [], "answer_cut": []}
+    for row, window, (_, whole) in zip(kept, windows, parts, strict=True):
         ids = whole[:cfg.max_length]
         pad = cfg.max_length - len(ids) if cfg.padding == "max_length" else 0
+        span = answer_spans(row, row["context"])[0] if window and row["answers"]["text"] else None
         columns["input_ids"].append(ids + [tokenizer.pad_token_id] * pad)
         columns["attention_mask"].append([1] * len(ids) + [0] * pad)
         columns["labels"].append(ids + [-100] * pad)
         columns["full_length"].append(len(whole))
+        columns["window_moved"].append(bool(window and window[0] > 0))
+        columns["answer_cut"].append(len(whole) > cfg.max_length or bool(span and not in_window(span, window)))
     return datasets.Dataset.from_dict(columns)
 
 
-def truncated(cfg: RunConfig, dataset) -> int:
-    """Samples that max_length cut short (their answer, or its end-of-sequence token, partly lost)."""
-    return sum(n > cfg.max_length for n in dataset["full_length"])
+def truncated(dataset) -> int:
+    """Samples whose answer max_length cut: out of the passage's window, or tokens (or the end-of-sequence token) of
+    the answer itself lost."""
+    return sum(dataset["answer_cut"])
+
+
+def held_out_warning(cfg: RunConfig, counts: dict, asked: int) -> str:
+    """What a run asked fewer held-out questions than eval_samples should say, or ""."""
+    if not cfg.eval_samples or asked >= cfg.eval_samples:
+        return ""
+    left = sum(counts.get(f"eval_left_out_{reason}", 0) for reason in LEFT_OUT)
+    if not counts.get("eval_pool"):
+        why = f"num_samples {cfg.num_samples} takes every row of {cfg.dataset}, so none is held out; lower num_samples"
+    else:
+        why = f"the held-out part holds {counts['eval_pool']} rows, {left} of them left out"
+    return f"{asked} of the {cfg.eval_samples} held-out questions asked (eval_samples): {why}"
 
 
 class BatchLog:

@@ -3,15 +3,17 @@
     scores, answers = answer_and_score(model, tokenizer, cfg, rows)   # exact_match, f1, tokens_per_second, ...
     exact_match("The Eiffel Tower!", "eiffel tower")                   # 1.0: SQuAD's normalization
     f1("서울에", "서울", "korquad")                                    # 0.8: KorQuAD's, over characters
+    scoring_mode(cfg)                                                  # squad or korquad: one for the whole run
 
 SQuAD (v1.1's official script): lower case, punctuation and the articles a, an and the removed, whitespace
-collapsed; F1 over the words of that text. KorQuAD (1.0's official script, which scores a Korean answer fairly:
-particles and counters stay attached to words): quotes and brackets (《》〈〉<>()‘’'") removed too, no articles,
-F1 over the characters of the words (spaces left out), so "서울에" against "서울" or "1398" against "1398년" earn
-partial credit and "세종대왕" against "세종 대왕" full F1. Both take the text in Unicode NFC first (NFD Hangul,
-as some macOS files hold it, otherwise matches nothing). scoring "auto" scores a question the KorQuAD way when its
-gold answer is Korean. Each score is the best over the question's gold answers; a row without an answer expects the
-training text's "정답 없음". Generation is greedy from the training text's own prompt (the part before the answer),
+collapsed; F1 over the words of that text. KorQuAD (1.0's official evaluate script, which scores a Korean answer
+fairly: particles and counters stay attached to words): quotes and brackets (《》〈〉<>()‘’'") to spaces, lower case,
+punctuation removed, no articles, whitespace collapsed; F1 over the characters of the words (spaces left out), so
+"서울에" against "서울" or "1398년" against "1398" earn partial credit and "세종대왕" against "세종 대왕" full F1. Both
+take the text in Unicode NFC first (NFD Hangul, as some macOS files hold it, otherwise matches nothing; the official
+scripts leave the text as it is). A run scores every question one way (scoring_mode), so its mean never mixes
+character F1 with word F1. Each score is the best over the question's gold answers; a row without an answer expects
+the training text's "정답 없음". Generation is greedy from the training text's own prompt (the part before the answer),
 in the precision the run trains in, and stops at the end-of-sequence token, any token that ends a chat turn, or a
 new line.
 """
@@ -24,14 +26,13 @@ import time
 import unicodedata
 
 from .config import RunConfig
-from .data import NO_ANSWER, prompt_parts
+from .data import HUB_DATASETS, NO_ANSWER, korean_text, prompt_parts
 from .model import sdpa_attention
 
 PROBE = "질문: 본문에 따르면 프랑스의 수도는 어디인가요?\n답변:"  # the fixed prompt of probe_logit_norm
 MAX_NEW_TOKENS = 32  # SQuAD's answers are short: a name, a date, a phrase
 BATCH = 32
 KORQUAD_MARKS = "'\"《》<>〈〉()‘’"
-HANGUL = re.compile("[\uac00-\ud7a3\u1100-\u11ff\u3130-\u318f]")
 
 
 def normalize_answer(text: str, scoring: str = "squad") -> str:
@@ -46,21 +47,24 @@ def normalize_answer(text: str, scoring: str = "squad") -> str:
     return " ".join(text.split())
 
 
-def scoring_of(gold: str, scoring: str) -> str:
-    """The scoring a question gets: the field's, or for auto, korquad where the gold answer is Korean."""
-    if scoring != "auto":
-        return scoring
-    return "korquad" if HANGUL.search(gold) else "squad"
+def scoring_mode(cfg: RunConfig) -> str:
+    """How a run scores every question: the scoring field's, or for auto, by the data set: korquad for KorQuAD and
+    squad for SQuAD; for a file or the synthetic set, korquad where at least half its rows are Korean (a gold
+    answer without Hangul, "1398" or "BTS", still gets KorQuAD's credit for "1398년" or "BTS는"), else squad."""
+    if cfg.scoring != "auto":
+        return cfg.scoring
+    if cfg.dataset in HUB_DATASETS:
+        return cfg.dataset
+    return "korquad" if korean_text(cfg) else "squad"
 
 
 def exact_match(prediction: str, gold: str, scoring: str = "squad") -> float:
-    scoring = scoring_of(gold, scoring)
+    """1.0 where the normalized texts are equal; scoring is squad or korquad."""
     return float(normalize_answer(prediction, scoring) == normalize_answer(gold, scoring))
 
 
 def f1(prediction: str, gold: str, scoring: str = "squad") -> float:
     """F1 over words (squad) or over the characters of the words (korquad)."""
-    scoring = scoring_of(gold, scoring)
     predicted, wanted = normalize_answer(prediction, scoring).split(), normalize_answer(gold, scoring).split()
     if scoring == "korquad":
         predicted, wanted = list("".join(predicted)), list("".join(wanted))
@@ -107,7 +111,7 @@ def answer_and_score(model, tokenizer, cfg: RunConfig, rows: list[dict], synced:
             new_tokens += count
     seconds = time.perf_counter() - started
     model.train(was_training)
-    each = question_scores(answers, [r["answers"]["text"] for r in rows], cfg.scoring)
+    each = question_scores(answers, [r["answers"]["text"] for r in rows], scoring_mode(cfg))
     return {"exact_match": sum(e for e, _ in each) / len(each), "f1": sum(f for _, f in each) / len(each),
             "tokens_per_second": new_tokens / seconds, "seconds": seconds, "per_question": each}, answers
 

@@ -24,10 +24,10 @@ from transformers import Trainer, TrainerCallback
 from . import preflight, tracking
 from .card import write_card
 from .config import ConfigError, RunConfig
-from .data import (CLOSED_BOOK, EVAL_SEED, BatchLog, build_dataset, collator, eval_task, fill_rows, load_records,
-                   passage_cuts, question_key, truncated)
+from .data import (CLOSED_BOOK, EVAL_SEED, BatchLog, build_dataset, collator, eval_task, fill_rows, held_out,
+                   held_out_warning, load_records, question_key, truncated)
 from .estimate import estimate_memory, largest_weight, row_length, tokens_per_micro_batch, trainable_params
-from .evaluate import answer_and_score, probe_logit_norm
+from .evaluate import answer_and_score, probe_logit_norm, scoring_mode
 from .loop import train_compiled
 from .metrics import PeakMemory, StepTimer, flops_per_token, gather_ranks, gputil_used_mb, peak_flops, sync
 from .model import count_parameters, fetch, load_model, load_tokenizer, model_config
@@ -68,10 +68,11 @@ class Plan:
     config: object  # the model's config
     trainable: int
     estimate: dict
-    truncated: int  # samples max_length cuts short
+    truncated: int  # samples whose answer max_length cuts
     samples: int  # in train_set, whose rows are samples or (padding filled) rows of several
     recall_rows: list  # trained questions asked again (closed-book prompts)
-    cuts: tuple  # (passages max_length cuts, of them those that lose their answer), training and held-out
+    data: dict  # counts logged as run params: training rows left out or windowed, held-out questions left out, why
+    scoring: str  # how every answer is scored: squad or korquad
     lengths: list  # each training sample's real tokens (after max_length)
     world: int = 1  # the processes training together
 
@@ -81,7 +82,7 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
 
     tokenizer = load_tokenizer(cfg)
     rows = load_records(cfg)
-    samples = build_dataset(cfg, tokenizer, rows)
+    samples = build_dataset(cfg, tokenizer, rows)  # rows whose passage lacks their answer left out
     train_set = samples
     if cfg.padding == "filled":
         train_set = fill_rows(samples, cfg.max_length)
@@ -90,7 +91,14 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
                               f"{cfg.max_length} tokens, but one step takes batch_size x grad_accum x {world} "
                               f"process(es) = {cfg.samples_per_step(world)} rows; raise num_samples or lower "
                               "batch_size or grad_accum")
-    eval_rows = load_records(cfg, "eval", cfg.eval_samples) if cfg.eval_samples else []
+    elif cfg.samples_per_step(world) > len(samples):  # the rows left out leave less than a step
+        raise ConfigError(f"{len(rows) - len(samples)} of the {len(rows)} training rows are left out (their passage "
+                          f"lacks their answer), and the {len(samples)} left are fewer than one step takes: "
+                          f"batch_size x grad_accum x {world} process(es) = {cfg.samples_per_step(world)}; raise "
+                          "num_samples or lower batch_size or grad_accum")
+    eval_rows, held = held_out(cfg, cfg.eval_samples, tokenizer) if cfg.eval_samples else ([], {})
+    data = {"train_left_out_not_in_passage": len(rows) - len(samples),
+            "train_windows_moved": sum(samples["window_moved"]), **held}
     recall_rows = []
     if cfg.eval_samples and cfg.prompt in CLOSED_BOOK:  # what the run learned, where held-out scores cannot show it
         recall_rows = [rows[i] for i in sorted(random.Random(EVAL_SEED).sample(range(len(rows)),
@@ -101,9 +109,8 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
     estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world,
                                row_length(cfg, samples), on_gpu=device != "cpu")
     preflight.check_host_ram(cfg, world, device, estimate)  # now with the data's activations, before any weight loads
-    return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(cfg, samples), len(samples),
-                recall_rows, passage_cuts(cfg, tokenizer, rows + eval_rows),
-                [sum(m) for m in samples["attention_mask"]], world)
+    return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(samples), len(samples),
+                recall_rows, data, scoring_mode(cfg), [sum(m) for m in samples["attention_mask"]], world)
 
 
 def describe_plan(cfg: RunConfig, p: Plan) -> str:
@@ -120,20 +127,35 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
             " real)") if cfg.padding == "filled" else ""
 
     asked = f"{len(p.eval_rows)} held-out questions" + (
-        f" (closed-book: they measure what the model already knew) and {len(p.recall_rows)} trained ones (recall)"
-        if cfg.prompt in CLOSED_BOOK and p.eval_rows else " (reading the passage)" if p.eval_rows else "")
+        f" (closed-book: they measure what the model already knew; {p.scoring} scoring) and {len(p.recall_rows)} "
+        "trained ones (recall)" if cfg.prompt in CLOSED_BOOK and p.eval_rows else
+        f" (reading the passage; {p.scoring} scoring)" if p.eval_rows else "")
     lines = [f"{p.samples} samples of {real / p.samples:.0f} real tokens on average{rows}, {asked}; "
              f"{p.trainable:,} trainable weights; estimate: {gpu}, {host}"]
-    if p.cuts[0]:
-        lines.append(f"note: max_length {cfg.max_length} cuts the end of {p.cuts[0]} passages (training and held-out), "
-                     f"{p.cuts[1]} of them before their answer; raise max_length to keep them whole")
+    d = p.data
+    if d["train_left_out_not_in_passage"]:
+        lines.append(f"note: {d['train_left_out_not_in_passage']} training rows left out: their passage does not hold "
+                     "their answer, which the sample would teach unseen")
+    if d["train_windows_moved"]:
+        lines.append(f"note: max_length {cfg.max_length} cuts {d['train_windows_moved']} training passages around "
+                     "their answer (the passage's start would lose it); raise max_length to keep them whole")
+    why = {"shares_training": "share a passage (or, without one, question and answer) with a training row",
+           "not_in_passage": "have no answer in their passage",
+           "answer_cut": f"lose their answer where max_length {cfg.max_length} cuts the passage"}
+    left = [f"{d[f'eval_left_out_{k}']} {text}" for k, text in why.items() if d.get(f"eval_left_out_{k}")]
+    if left:
+        lines.append(f"note: held-out questions left out, the next of the same draw asked instead: {'; '.join(left)}")
+    short = held_out_warning(cfg, d, len(p.eval_rows))
+    if short:
+        lines.append(f"warning: {short}")
     lines += time_lines(cfg, p)
     if cfg.max_steps and cfg.untimed_steps >= cfg.max_steps:
         lines.append(f"note: untimed_steps {cfg.untimed_steps} leaves none of the {cfg.max_steps} steps timed, so the "
                      "throughput covers every step, start-up included (throughput_includes_startup 1); raise max_steps")
     if p.truncated:
-        lines.append(f"warning: max_length {cfg.max_length} cuts {p.truncated} of {p.samples} samples short "
-                     "(their answers lose tokens); raise max_length to keep them whole")
+        lines.append(f"warning: max_length {cfg.max_length} cuts the answer of {p.truncated} of {p.samples} samples "
+                     "(out of the passage's window, or tokens of the answer itself); raise max_length to keep them "
+                     "whole")
     return "\n".join(lines)
 
 
@@ -609,13 +631,15 @@ def record_start(s: Session, checkpoint: str | None) -> None:
 
     mlflow.log_metrics(s.plan.estimate)
 
-    mlflow.log_params({**s.counts, "device": s.device, "mfu_convention": MFU_CONVENTION, "eval_task": eval_task(s.cfg),
-                       "eval_set": eval_set_id(s.plan.eval_rows),
-                       "data_fingerprint": data_fingerprint(s.plan.train_set),
+    mlflow.log_params({**s.counts, **s.plan.data, "device": s.device, "mfu_convention": MFU_CONVENTION,
+                       "eval_task": eval_task(s.cfg), "eval_set": eval_set_id(s.plan.eval_rows),
+                       "scoring_mode": s.plan.scoring, "data_fingerprint": data_fingerprint(s.plan.train_set),
                        "train_math": json.dumps(s.math, sort_keys=True)})
-    if s.counts["truncated_samples"]:
-        mlflow.set_tag("data_warning", f"max_length {s.cfg.max_length} cuts {s.counts['truncated_samples']} samples "
-                                       "short")
+    cut = s.counts["truncated_samples"]
+    warnings = [f"max_length {s.cfg.max_length} cuts the answer of {cut} samples" if cut else "",
+                held_out_warning(s.cfg, s.plan.data, len(s.plan.eval_rows))]
+    if any(warnings):
+        mlflow.set_tag("data_warning", "; ".join(w for w in warnings if w))
     tracking.log_json(tracking.environment(s.device), "environment.json")
 
 

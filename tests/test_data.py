@@ -1,12 +1,13 @@
 import json
 import random
+import re
 
 import pandas as pd
 import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
-from dsnb.data import (EVAL_SEED, NO_ANSWER, PACK_ROWS, build_dataset, collator, format_prompt, load_records,
-                       prompt_parts, synthetic_squad)
+from dsnb.data import (EVAL_SEED, NO_ANSWER, PACK_ROWS, build_dataset, collator, format_prompt, held_out,
+                       load_records, passage_window, prompt_parts, question_key, synthetic_squad, truncated)
 from dsnb.model import load_tokenizer
 
 CLOSED = dict(OFFLINE, prompt="eos")  # the tutorial's closed-book text: the padding tests' lengths are its
@@ -272,19 +273,15 @@ def test_held_out_questions_are_in_no_training_row_yet_training_teaches_their_an
     assert {r["answers"]["text"][0] for r in held_out} <= taught
     # the questions asked: drawn with the fixed seed from the whole held-out part, not its first rows
     drawn = sorted(random.Random(EVAL_SEED).sample(range(72), 10))
-    assert load_records(RunConfig(**OFFLINE), "eval", 10) == [dict(held_out[i], answers={"text": held_out[i]["answers"][
-        "text"]}) for i in drawn]
+    assert load_records(RunConfig(**OFFLINE), "eval", 10) == [held_out[i] for i in drawn]
     assert drawn != list(range(10)) and load_records(RunConfig(**OFFLINE), "eval", 10) == load_records(
         RunConfig(**dict(OFFLINE, seed=7, strategy="zero2")), "eval", 10)  # the same for every variant and seed
 
 
 def test_a_max_length_that_cuts_every_answer_is_refused_and_one_that_cuts_some_is_counted(tokenizer):
-    from dsnb.data import truncated
-
     with pytest.raises(ConfigError, match="max_length is 8, which cuts every sample before its answer"):
         build_dataset(RunConfig(**dict(CLOSED, max_length=8, num_samples=16)), tokenizer)
-    cut = truncated(RunConfig(**dict(CLOSED, max_length=40, num_samples=64)),
-                    build_dataset(RunConfig(**dict(CLOSED, max_length=40, num_samples=64)), tokenizer))
+    cut = truncated(build_dataset(RunConfig(**dict(CLOSED, max_length=40, num_samples=64)), tokenizer))
     assert 0 < cut < 64
 
 
@@ -312,8 +309,6 @@ def test_the_passage_prompt_reads_the_passage_and_cuts_only_its_end(tokenizer):
     """prompt passage (the default): SQuAD's task, the passage with the question, the same text trained and asked;
     where a sample would exceed max_length, the passage's end goes and the question and answer stay; a row without a
     passage is refused, naming the closed-book prompt."""
-    from dsnb.data import passage_cuts
-
     row = synthetic_squad(1)[0]
     cfg = RunConfig(**OFFLINE)
     prompt, whole = prompt_parts(cfg, tokenizer, row)
@@ -321,13 +316,12 @@ def test_the_passage_prompt_reads_the_passage_and_cuts_only_its_end(tokenizer):
     assert text == f"본문: {row['context']}\n질문: {row['question']}\n답변: {row['answers']['text'][0]}"
     assert whole[:len(prompt)] == prompt and whole[-1] == tokenizer.eos_token_id
     short = cfg.replace(max_length=len(whole) - 5)
-    cut = tokenizer.decode(prompt_parts(short, tokenizer, row)[1], skip_special_tokens=True)
-    assert len(prompt_parts(short, tokenizer, row)[1]) <= short.max_length
+    trained = prompt_parts(short, tokenizer, row, passage_window(short, tokenizer, row, trained=True))[1]
+    cut = tokenizer.decode(trained, skip_special_tokens=True)
+    assert len(trained) <= short.max_length and len(prompt_parts(short, tokenizer, row)[0]) < short.max_length
     assert cut.endswith(f"\n질문: {row['question']}\n답변: {row['answers']['text'][0]}")
-    assert row["context"].startswith(cut.split("\n")[0][len("본문: "):]) and len(cut) < len(text)
-    rows = synthetic_squad(8)
-    assert passage_cuts(cfg, tokenizer, rows) == (0, 0)
-    assert passage_cuts(cfg.replace(max_length=40), tokenizer, rows)[0] == 8
+    shown = cut.split("\n")[0][len("본문: "):]
+    assert shown in row["context"] and len(shown) < len(row["context"])
     with pytest.raises(ConfigError, match="has no passage.*use prompt eos"):
         prompt_parts(cfg, tokenizer, {"question": "q?", "answers": {"text": ["a"]}})
 
@@ -342,6 +336,238 @@ def test_the_official_nested_squad_json_reads_as_it_is(tmp_path):
     path.write_text(json.dumps(data, ensure_ascii=False))
     rows = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=3)))
     assert [r["id"] for r in rows] == ["q0", "q1", "q2"] and rows[0]["context"] == "서울은 대한민국의 수도이다."
-    assert rows[0]["answers"]["text"] == ["서울"]
-    held = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=3)), "eval", 5)
-    assert sorted(r["id"] for r in held) == ["q3", "q4"]  # the rows after the training ones
+    assert rows[0]["answers"] == {"text": ["서울"], "answer_start": [0]}
+
+
+# --- inputs of every shape a user meets, passages that do not fit, held-out questions that cannot be answered ---
+SMALL = dict(OFFLINE, batch_size=1, grad_accum=1, max_steps=1)
+
+
+def write_rows(path, rows):
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows))
+    return str(path)
+
+
+def nested(paragraphs, title="Seoul"):
+    return {"version": "1.1", "data": [{"title": title, "paragraphs": paragraphs}]}
+
+
+def qa(i, answer="서울", start=0):
+    return {"id": f"q{i}", "question": f"질문 {i}?", "answers": [{"text": answer, "answer_start": start}]}
+
+
+def test_a_byte_order_mark_is_read_in_json_jsonl_and_csv(tmp_path):
+    """A UTF-8 byte-order mark (Notepad and Excel write one) is no text: the official nested JSON, a JSON list, JSON
+    lines and CSV read alike with it."""
+    bom = b"\xef\xbb\xbf"
+    rows = synthetic_squad(3)
+    files = {"nested.json": json.dumps(nested([{"context": r["context"], "qas": [
+                 {"id": r["id"], "question": r["question"], "answers": [{"text": t, "answer_start": s} for t, s in zip(
+                     r["answers"]["text"], r["answers"]["answer_start"], strict=True)]}]} for r in rows]),
+                 ensure_ascii=False),
+             "list.json": json.dumps(rows, ensure_ascii=False),
+             "rows.jsonl": "\n".join(json.dumps(r, ensure_ascii=False) for r in rows),
+             "rows.csv": pd.DataFrame([{"question": r["question"], "answer": (r["answers"]["text"] or [""])[0]}
+                                       for r in rows]).to_csv(index=False)}
+    for name, text in files.items():
+        (tmp_path / name).write_bytes(bom + text.encode())
+        got = load_records(RunConfig(**dict(OFFLINE, dataset=str(tmp_path / name), num_samples=3)))
+        assert [format_prompt(r) for r in got] == [format_prompt(r) for r in rows], name
+
+
+@pytest.mark.parametrize("paragraphs, message", [
+    (["서울은 수도이다."], "article 1 ('Seoul'), paragraph 1 is str '서울은 수도이다.'; each paragraph is an object"),
+    ([{"context": "서울은 수도이다.", "qas": [qa(0), "서울은 어디?"]}],
+     "article 1 ('Seoul'), paragraph 1, question 2 is str '서울은 어디?'; each question is an object"),
+    ([{"context": "서울은 수도이다.", "qas": {"q0": qa(0)}}], "article 1 ('Seoul'), paragraph 1: qas is dict"),
+    ({"context": "서울은 수도이다.", "qas": [qa(0)]}, "article 1 ('Seoul'): paragraphs is dict"),
+    ([{"context": ["서울은 수도이다."], "qas": [qa(0)]}], "article 1 ('Seoul'), paragraph 1: context is list"),
+    ([{"context": "서울은 수도이다.", "qas": [{"id": "q0", "answers": []}]}],
+     "article 1 ('Seoul'), paragraph 1, question 1: question is None"),
+    ([{"context": "서울은 수도이다.", "qas": [{"question": "q?", "answers": [["서울"]]}]}],
+     "article 1 ('Seoul'), paragraph 1, question 1: answers is list"),
+])
+def test_the_nested_json_of_another_shape_is_refused_naming_the_place(tmp_path, paragraphs, message):
+    """A string where a paragraph or question object belongs, qas or paragraphs of the wrong type: one line naming the
+    article (by number and title), paragraph and question, not an AttributeError."""
+    path = tmp_path / "korquad.json"
+    path.write_text(json.dumps(nested(paragraphs), ensure_ascii=False))
+    with pytest.raises(ConfigError, match="^" + re.escape(f"dataset file {path}, {message}")):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=1)))
+    path.write_text(json.dumps({"data": ["서울"]}, ensure_ascii=False))
+    with pytest.raises(ConfigError, match=r"article 1 is str '서울'; each entry of data is an object"):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=1)))
+
+
+def test_nested_json_shapes_with_one_meaning_are_read_as_meant(tmp_path):
+    """Answers in SQuAD's flat shape ({"text": [...], "answer_start": [...]}) or as a list of texts, and qas written as
+    one question object, train on their answer (not on "정답 없음"), answer_start kept."""
+    path = tmp_path / "korquad.json"
+    path.write_text(json.dumps(nested([
+        {"context": "수도는 서울이다.", "qas": [{"id": "a", "question": "수도는?",
+                                             "answers": {"text": ["서울"], "answer_start": [4]}}]},
+        {"context": "강은 한강이다.", "qas": [{"id": "b", "question": "강은?", "answers": ["한강"]}]},
+        {"context": "산은 북한산이다.", "qas": {"id": "c", "question": "산은?", "answers": [{"text": "북한산"}]}}]),
+        ensure_ascii=False))
+    rows = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=3)))
+    assert [format_prompt(r) for r in rows] == ["질문: 수도는?\n답변: 서울", "질문: 강은?\n답변: 한강",
+                                                 "질문: 산은?\n답변: 북한산"]
+    assert [r["answers"]["answer_start"] for r in rows] == [[4], [-1], [-1]]
+
+
+def test_rows_whose_passage_lacks_their_answer_are_left_out_counted_and_refused_when_none_is_left(tmp_path, tokenizer):
+    """With the passage prompt, a training row whose passage does not hold its answer would teach an answer it does not
+    show: it is left out, counted in the plan (and as a run param); a held-out one is left out too, the next question
+    taken; a file with no row left is refused. Closed-book prompts show no passage and keep every row."""
+    from dsnb.train import describe_plan, plan
+
+    good = [{"context": f"Town {i} lies on river {i}.", "question": f"Which river is town {i} on?",
+             "answers": {"text": [f"river {i}"]}} for i in range(8)]
+    bad = [{"context": f"Town {i} lies in a valley.", "question": f"Which river is town {i} on?",
+            "answers": {"text": [f"river {i}"]}} for i in range(8, 12)]
+    path = write_rows(tmp_path / "d.jsonl", good[:4] + bad[:2] + good[4:] + bad[2:])  # 6 trained, then 6 held out
+    cfg = RunConfig(**dict(SMALL, dataset=path, num_samples=6, eval_samples=6))
+    p = plan(cfg)
+    assert p.samples == 4 and p.data["train_left_out_not_in_passage"] == 2
+    assert len(p.eval_rows) == 4 and p.data["eval_left_out_not_in_passage"] == 2
+    text = describe_plan(cfg, p)
+    assert "note: 2 training rows left out: their passage does not hold their answer" in text
+    assert "2 have no answer in their passage" in text
+    assert plan(cfg.replace(prompt="eos")).samples == 6  # closed-book: the passage is not shown
+    path = write_rows(tmp_path / "bad.jsonl", bad)
+    with pytest.raises(ConfigError, match="none of the 4 training rows of .* has its answer in its passage"):
+        build_dataset(RunConfig(**dict(SMALL, dataset=path, num_samples=4)), tokenizer)
+
+
+FILLER = "The valley road winds past farms and an old mill. "
+
+
+def test_a_training_passage_too_long_is_cut_around_its_answer(tokenizer):
+    """A passage longer than max_length allows keeps its answer in view (answer_start where given, else the first
+    occurrence): the window moves off the start, as SQuAD's readers stride. A sample whose answer no window can show
+    (too long to stand twice within max_length: in the passage and after 답변:) counts as cut, though no token of it
+    is lost past max_length."""
+    cfg = RunConfig(**dict(SMALL, num_samples=1))
+    context = "Kim Lee built a barn. " + FILLER * 8 + "The mill was founded by Kim Lee in 1801. " + FILLER * 4
+    row = {"context": context, "question": "Who founded the mill?",
+           "answers": {"text": ["Kim Lee"], "answer_start": [context.index("by Kim Lee") + 3]}}
+    sample = build_dataset(cfg, tokenizer, [row])[0]
+    shown = tokenizer.decode(sample["input_ids"], skip_special_tokens=True).split("\n")[0]
+    assert "founded by Kim Lee in 1801" in shown and len(sample["input_ids"]) <= cfg.max_length
+    assert sample["window_moved"] and not sample["answer_cut"]
+    first = build_dataset(cfg, tokenizer, [dict(row, answers={"text": ["Kim Lee"]})])[0]  # no answer_start: the first
+    assert tokenizer.decode(first["input_ids"], skip_special_tokens=True).startswith("본문: Kim Lee built a barn.")
+    assert not first["window_moved"]
+    long_answer = "the old mill by the river and the farms past the valley road, near the bridge over the stream"
+    wide = {"context": FILLER * 4 + f"It stands at {long_answer}.", "question": "Where?", "answers": {"text": [
+        long_answer]}}
+    ds = build_dataset(cfg, tokenizer, [wide])
+    assert ds[0]["full_length"] <= cfg.max_length and truncated(ds) == 1
+
+
+def test_a_held_out_window_ignores_the_answer_and_a_question_it_loses_gives_way_to_the_next(tmp_path, tokenizer):
+    """A held-out question is shown the passage's start, chosen without its answer (two answers, one window); where
+    that window loses every answer, the question is left out and counted, and the next of the seeded draw is asked,
+    so the run still asks eval_samples questions, the same for every variant and seed."""
+    cfg = RunConfig(**dict(SMALL, num_samples=4))
+    row = {"context": FILLER * 6, "question": "What winds past farms?", "answers": {"text": ["The valley road"]}}
+    longer = dict(row, answers={"text": ["The valley road winds past farms and an old mill"]})
+    assert prompt_parts(cfg, tokenizer, row)[0] == prompt_parts(cfg, tokenizer, longer)[0]
+    assert len(prompt_parts(cfg, tokenizer, row)[0]) < cfg.max_length
+    rows = [{"context": f"Mill {i} was built in 18{i:02d}. " + FILLER * 4 + (f"Its owner was Kim {i}." * (i % 2)),
+             "question": f"Who owned mill {i}?" if i % 2 else f"When was mill {i} built?",
+             "answers": {"text": [f"Kim {i}" if i % 2 else f"18{i:02d}"]}} for i in range(40)]
+    path = write_rows(tmp_path / "long.jsonl", rows)
+    cfg = cfg.replace(dataset=path)
+    asked, counts = held_out(cfg, 10, tokenizer)
+    assert len(asked) == 10 and counts["eval_left_out_answer_cut"] > 0 and counts["eval_pool"] == 36
+    assert all(r["answers"]["text"][0].startswith("18") for r in asked)  # the owners, at the passages' end, are cut
+    assert held_out(cfg.replace(strategy="zero2", seed=7), 10, tokenizer) == (asked, counts)
+    assert load_records(cfg, "eval", 10) != asked  # without the windows' check the owners would be asked
+
+
+def test_held_out_rows_of_a_file_share_no_passage_or_row_with_training(tmp_path):
+    """A file's held-out rows come after the training ones; one whose passage a training row has, or (without passages)
+    whose question and answer a training row has, is left out and counted."""
+    rows = [{"context": f"Passage {i}.", "question": f"Question {i}?", "answers": {"text": ["Passage"]}}
+            for i in range(4)]
+    later = [dict(rows[0]), dict(rows[1], question="Another question?"), {"context": "Passage 9.",
+             "question": "Question 9?", "answers": {"text": ["Passage"]}}]
+    path = write_rows(tmp_path / "d.jsonl", rows + later)
+    cfg = RunConfig(**dict(SMALL, dataset=path, num_samples=4))
+    asked, counts = held_out(cfg, 8)
+    assert [r["question"] for r in asked] == ["Question 9?"] and counts["eval_left_out_shares_training"] == 2
+    closed = [{"question": f"Question {i}?", "answer": f"Answer {i}"} for i in range(3)]
+    path = write_rows(tmp_path / "closed.jsonl", closed + [closed[1], dict(closed[2], answer="Other"), closed[0]])
+    asked, counts = held_out(RunConfig(**dict(SMALL, dataset=path, num_samples=3, prompt="eos")), 8)
+    assert [format_prompt(r) for r in asked] == ["질문: Question 2?\n답변: Other"]
+    assert counts["eval_left_out_shares_training"] == 2
+
+
+def test_taking_the_whole_file_says_no_question_is_held_out(tmp_path, workdir, capsys):
+    """num_samples = the file's rows leaves nothing to ask: the plan and `python -m dsnb check` say so."""
+    from dsnb.cli import main
+    from dsnb.train import describe_plan, plan
+
+    path = write_rows(tmp_path / "d.jsonl", [{"context": f"Passage {i}.", "question": f"Question {i}?",
+                                               "answers": {"text": ["Passage"]}} for i in range(4)])
+    cfg = RunConfig(**dict(SMALL, dataset=path, num_samples=4, eval_samples=8))
+    p = plan(cfg)
+    warning = (f"warning: 0 of the 8 held-out questions asked (eval_samples): num_samples 4 takes every row of {path}, "
+               "so none is held out; lower num_samples")
+    assert warning in describe_plan(cfg, p)
+    assert p.eval_rows == [] and p.data["eval_pool"] == 0
+    assert main(["check", "--offline", "--dataset", path, "--num_samples", "4", "--eval_samples", "8",
+                 "--batch_size", "1", "--grad_accum", "1"]) == 0
+    assert warning in capsys.readouterr().out
+
+
+def test_question_key_names_the_question_not_its_place(tmp_path):
+    """Files without ids get none made up from the row's place (the same number would name different questions in
+    two files); question_key tells questions apart by id, passage and question, and names one question alike in
+    every file. A file's own ids are kept."""
+    def nested_file(name, cities):
+        path = tmp_path / name
+        path.write_text(json.dumps(nested([{"context": f"{c} district {i} is old.", "qas": [
+            {"question": f"How old is district {i}?", "answers": [{"text": "old", "answer_start": 0}]}]}
+            for c in cities for i in range(2)]), ensure_ascii=False))
+        return load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=4)))
+
+    lima, seoul = nested_file("lima.json", ["Lima", "Cusco"]), nested_file("seoul.json", ["Seoul", "Cusco"])
+    assert {r["id"] for r in lima + seoul} == {""}
+    assert question_key(lima[0]) != question_key(seoul[0])  # the same place in two files, two questions
+    assert [question_key(r) for r in lima[2:]] == [question_key(r) for r in seoul[2:]]  # one question, one key
+    same = [{"id": "", "context": f"Passage {i}.", "question": "What is it?", "answers": {"text": ["it"]}}
+            for i in range(4)]
+    assert len({question_key(r) for r in same}) == 4
+    path = write_rows(tmp_path / "ids.jsonl", [dict(r, id=f"own-{i}") for i, r in enumerate(same)])
+    assert [r["id"] for r in load_records(RunConfig(**dict(OFFLINE, dataset=path, num_samples=4)))] == [
+        "own-0", "own-1", "own-2", "own-3"]
+
+
+@pytest.mark.integration
+def test_the_data_counts_and_scoring_mode_reach_the_run(tmp_path, workdir):
+    """One real run on a file with rows whose passage lacks the answer, passages longer than max_length and held-out
+    rows that share a training passage: the counts, the scoring mode and the warning are on the MLflow run."""
+    import mlflow
+
+    from dsnb.launch import run_variant
+
+    rows = [{"context": f"강 {i}은 바다로 흐른다. " + "마을을 지나 " * 30 + f"끝에 {i}번 다리가 있다.",
+             "question": f"{i}번 강의 끝에는 무엇이 있나?", "answers": {"text": [f"{i}번 다리"]}} for i in range(12)]
+    rows[1]["answers"] = {"text": ["없는 답"]}
+    rows += [dict(rows[0], question="다른 질문?"),
+             {"context": "그 다리는 1398년에 지어졌다.", "question": "다리는 언제?", "answers": {"text": ["1398"]}}]
+    path = write_rows(tmp_path / "long.jsonl", rows)
+    cfg = RunConfig(**dict(SMALL, dataset=path, num_samples=8, eval_samples=20, save_model=False))
+    result = run_variant(cfg, progress=False)
+    assert result.status == "FINISHED", result
+    run = mlflow.MlflowClient(result.tracking_uri.replace("sqlite:///", f"sqlite:///{workdir}/")).get_run(
+        result.run_id)
+    params = run.data.params
+    assert params["train_left_out_not_in_passage"] == "1" and int(params["train_windows_moved"]) >= 6
+    assert params["truncated_samples"] == "0" and params["scoring_mode"] == "korquad"
+    assert (params["eval_pool"], params["eval_left_out_shares_training"]) == ("6", "1")
+    assert (params["eval_left_out_answer_cut"], result.metrics["eval_questions"]) == ("4", 1)
+    assert run.data.tags["data_warning"] == ("1 of the 20 held-out questions asked (eval_samples): the held-out part "
+                                             "holds 6 rows, 5 of them left out")

@@ -5,7 +5,9 @@ import random
 
 import pytest
 
-from dsnb.evaluate import cut_at_stop, exact_match, f1, normalize_answer, squad_scores, stop_tokens
+from dsnb.config import OFFLINE, RunConfig
+from dsnb.evaluate import (cut_at_stop, exact_match, f1, normalize_answer, question_scores, scoring_mode, squad_scores,
+                           stop_tokens)
 
 
 @pytest.mark.parametrize("text, normalized", [
@@ -33,25 +35,48 @@ def test_exact_match_and_f1_follow_squads_script():
     ("서울에", "서울", 0.0, 0.8),                   # a particle: partial credit over characters
     ("서울입니다.", "서울", 0.0, 4 / 7),            # the copula and the full stop (precision 2/5, recall 1)
     ("1398", "1398년", 0.0, 8 / 9),                 # the counter 년
+    ("1398년", "1398", 0.0, 8 / 9),                 # KorQuAD's script: 0.889 (a gold without Hangul, as KorQuAD has)
+    ("BTS는", "BTS", 0.0, 6 / 7),                   # KorQuAD's script: 0.857 (lower case, the particle 는)
     ("《토지》", "토지", 1.0, 1.0),                  # KorQuAD drops the title brackets
     ("세종대왕", "세종 대왕", 0.0, 1.0),            # the same characters: full F1, spacing aside
     ("서울", "서울", 1.0, 1.0),  # NFD Hangul (as macOS writes it) is NFC's text
 ])
 def test_korean_answers_are_scored_as_korquad_does(prediction, gold, em, f1_char):
-    """SQuAD's English normalization gives each of these exact match 0 and F1 0; KorQuAD's gives what is fair."""
+    """KorQuAD 1.0's official evaluate script (quotes and brackets to spaces, lower case, punctuation removed, F1 over
+    the characters of the words), worked by hand; SQuAD's English normalization gives most of these F1 0."""
     assert exact_match(prediction, gold, "korquad") == em
     assert f1(prediction, gold, "korquad") == pytest.approx(f1_char)
-    assert exact_match(prediction, gold, "auto") == em and f1(prediction, gold, "auto") == pytest.approx(f1_char)
     if gold != "서울" or prediction.isascii():
         return
     assert f1(prediction, gold, "squad") == 0.0 or prediction.startswith("\u1109")
 
 
-def test_auto_scoring_takes_each_answer_in_its_own_language():
-    assert f1("the Denver Broncos won", "Denver Broncos", "auto") == pytest.approx(0.8)  # SQuAD's, over words
-    assert exact_match("The Eiffel Tower", "Eiffel Tower", "auto") == 1.0  # SQuAD drops "the"; KorQuAD would not
-    assert exact_match("The Eiffel Tower", "Eiffel Tower", "korquad") == 0.0
-    assert f1("서울에", "서울", "squad") == 0.0
+def test_a_run_scores_every_question_one_way_decided_by_the_data_set(tmp_path):
+    """scoring auto: KorQuAD's for dataset korquad, SQuAD's for squad (no data read), and for a file or the synthetic
+    set one mode from its passages and questions, so a Korean set's gold "1398" or "BTS" earns KorQuAD's credit (per
+    gold, the old rule gave these F1 0), an English set's Korean name SQuAD's; the same for every variant."""
+    import json
+
+    korean = tmp_path / "ko.jsonl"
+    korean.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in [
+        {"context": "세종은 1398년에 태어났다.", "question": "세종은 언제 태어났나?", "answer": "1398"},
+        {"context": "BTS는 2013년에 데뷔했다.", "question": "2013년에 데뷔한 그룹은?", "answer": "BTS"},
+        {"context": "Seoul is a city.", "question": "What is Seoul?", "answer": "a city"}]))
+    cfg = RunConfig(**dict(OFFLINE, dataset=str(korean), num_samples=2))
+    each = question_scores(["1398년", "BTS는"], [["1398"], ["BTS"]], scoring_mode(cfg))
+    assert [f for _, f in each] == [pytest.approx(8 / 9), pytest.approx(6 / 7)]
+    assert {scoring_mode(c) for c in (cfg, cfg.replace(strategy="zero2", seed=3, num_samples=1))} == {"korquad"}
+    assert scoring_mode(RunConfig(**dict(OFFLINE, dataset="korquad"))) == "korquad"
+    assert scoring_mode(RunConfig(**dict(OFFLINE, dataset="squad"))) == "squad"
+    assert scoring_mode(RunConfig(**OFFLINE)) == "korquad"  # half its rows Korean
+    english = tmp_path / "en.jsonl"
+    english.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in [
+        {"context": "The capital is 서울.", "question": "What is the capital?", "answer": "서울"},
+        {"context": "The river is long.", "question": "What is long?", "answer": "The river"},
+        {"context": "The hill is high.", "question": "What is high?", "answer": "The hill"}]))
+    cfg = RunConfig(**dict(OFFLINE, dataset=str(english), num_samples=1))
+    assert scoring_mode(cfg) == "squad" and scoring_mode(cfg.replace(scoring="korquad")) == "korquad"
+    assert question_scores(["river"], [["The river"]], scoring_mode(cfg)) == [(1.0, 1.0)]
 
 
 def test_answers_stop_at_every_token_that_ends_a_turn():
@@ -141,7 +166,9 @@ def test_the_quality_run_learns_the_held_out_facts(workdir):
     rows = json.load(open(client.download_artifacts(result.run_id, "answers.json", str(workdir))))
     assert len(rows) == 72 and {"set", "id", "question", "gold", "before", "after", "after_em"} <= set(rows[0])
     assert sum(r["after_em"] for r in rows) == round(72 * m["eval_exact_match"])
-    assert client.get_run(result.run_id).data.params["eval_task"] == "reading the passage"
+    params = client.get_run(result.run_id).data.params
+    assert (params["eval_task"], params["scoring_mode"], params["eval_pool"]) == (
+        "reading the passage", "korquad", "72")
 
 
 @pytest.mark.integration
