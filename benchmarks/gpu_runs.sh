@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU evidence in benchmarks/results/, one stage per GPU-machine call (each well under 10 minutes).
 #   OUT=out bash benchmarks/gpu_runs.sh bench        # dsnb bench, variants side by side on every GPU
+#   OUT=out bash benchmarks/gpu_runs.sh advise       # dsnb advise for the 3B shape in a 15 GB cap, its top 3 measured
 #   OUT=out bash benchmarks/gpu_runs.sh throughput   # the throughput mode alone from cold compile caches, with a
 #                                                    # profiled step (REPEATS=2 HINTS=0 PROFILE=0 ROWS=16: 2
 #                                                    # repeats, no perf-hints or profiled run, 16 rows a step;
@@ -68,6 +69,14 @@ bench)
   prebuild synthetic:llama-3.2-3b
   timeout 500 python3 -m dsnb bench --gpus "$GPUS" --repeats 3 --untimed 3 --steps 6 --out "$OUT" --tracking_uri "$DB"
   dump bench
+  ;;
+advise)  # the tutorial's task on the 3B shape in a T4's 15 GB: every variant ranked, then the top 3 that fit run for
+  # 10 steps each (--verify), measured beside predicted (about 5 minutes)
+  prebuild synthetic:llama-3.2-3b
+  timeout 450 python3 -m dsnb advise "${B3[@]}" --memory_budget_gb 15 --gpus 1 --verify 3 --top 30 \
+    > "$OUT/advise.txt" 2> "$OUT/advise.log"
+  echo "advise exit $?"; head -40 "$OUT/advise.txt"
+  dump advise
   ;;
 throughput)  # the throughput mode alone, each repeat a fresh process with a cold compile cache (as a user's first run),
   # one at a time (compiling beside a timed run would slow it); ROWS: another count of rows a step (the bench's: 12

@@ -10,7 +10,7 @@ A notebook uses it like this:
 
 Modules, lowest layer first (each imports only from those before it): config; data, model, zero, metrics,
 estimate, evaluate, card; preflight; tracking; flat_step, dropout, loop, train; launch, publish; compare, sweep, bench,
-capacity; report; notebook; cli.
+capacity, advise; report; notebook; cli.
 """
 import importlib
 import logging
@@ -34,7 +34,7 @@ _WHERE = {
     "save_model": "publish", "load_saved": "publish", "push_to_hub": "publish", "keep": "publish", "ask": "publish",
     "model_to_ask": "publish", "hub_token": "publish", "RunResult": "tracking", "export_store": "tracking",
     "download_store": "tracking", "open_store": "tracking", "ui_command": "tracking", "show_ui": "tracking",
-    "run_capacity": "capacity",
+    "run_capacity": "capacity", "advise": "advise",
 }
 __all__ = ["compare", *_WHERE]
 

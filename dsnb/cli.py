@@ -5,6 +5,7 @@
     python -m dsnb compare --offline                                     # the tutorial's pair, then a table
     python -m dsnb sweep -f variants/sweep_zero_stages.yaml --offline    # papermill, one kernel per variant
     python -m dsnb capacity -f variants/capacity_map.yaml --gpus 2       # model x variant x budget map
+    python -m dsnb advise --gpu T4 --ram 12.7                            # every variant ranked, before any GPU
     python -m dsnb export -o dsnb_mlflow.zip                             # the store in one zip
     python -m dsnb ui                                                    # how to open MLflow's UI locally
 
@@ -123,6 +124,18 @@ def parser() -> argparse.ArgumentParser:
     capacity.add_argument("--out", default="capacity_map", help="folder for capacity.md/.csv/.png (not overwritten)")
     capacity.add_argument("--only", default="", help="comma-separated variant names and/or models to run "
                           "(default: every cell)")
+    advise = sub.add_parser("advise", parents=[common, one], help="rank every variant worth trying for this "
+                            "model, task and machine by predicted time, with predicted GPU and host-RAM peaks and "
+                            "whether each fits; no GPU needed (--verify K runs the top K on this machine's GPU)")
+    advise.add_argument("--gpu", default="", help="the GPU to advise for: T4, L4, A100, H100 or H200 (default: this "
+                        "machine's)")
+    advise.add_argument("--gpus", type=count(0), default=0, help="how many of them (default: num_gpus where it is "
+                        "above 1, else this machine's, else 1)")
+    advise.add_argument("--ram", type=float, default=0.0, help="the host's RAM in GB (default: this machine's where "
+                        "it is the one advised for, else ram_budget_gb, else not judged)")
+    advise.add_argument("--verify", type=count(0), default=0, help="run the top K variants that fit for a few steps "
+                        "each, here, and show measured beside predicted (needs this machine's GPU)")
+    advise.add_argument("--top", type=count(1), default=20, help="rows shown (default 20)")
     save = sub.add_parser("save", help="write a run's trained adapter (or model) to a folder; --merge folds the "
                           "LoRA weights into the base model; --push_to uploads it (needs a token)")
     save.add_argument("--run_id", required=True, help="the MLflow run id (python -m dsnb ui shows them)")
@@ -320,6 +333,15 @@ def cmd_capacity(args) -> int:
     return 0
 
 
+def cmd_advise(args) -> int:
+    from .advise import advise, text  # deferred: transformers and torch load only where a table is made
+
+    cfg = build_config(args)
+    table = advise(cfg, args.gpu, args.gpus, args.ram, args.verify)
+    print(text(table, cfg, args.top))
+    return 0
+
+
 def cmd_save(args) -> int:
     token = args.token or os.environ.get("HF_TOKEN", "")
     check_output_folder(args.output, "-o", empty=True)  # everything the command needs, before anything is written
@@ -362,4 +384,5 @@ def cmd_ui(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "check": cmd_check, "compare": cmd_compare, "sweep": cmd_sweep, "bench": cmd_bench,
-            "capacity": cmd_capacity, "save": cmd_save, "prepare": cmd_prepare, "export": cmd_export, "ui": cmd_ui}
+            "capacity": cmd_capacity, "advise": cmd_advise, "save": cmd_save,
+            "prepare": cmd_prepare, "export": cmd_export, "ui": cmd_ui}

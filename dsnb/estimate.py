@@ -6,54 +6,64 @@
     est["est_peak_gpu_mb"], est["est_peak_host_mb"]        # on_gpu False: the host holds what the GPU would
 
 Unlike DeepSpeed's estimators this knows that LoRA trains only the adapters, that 8-bit and 4-bit weights
-are stored in 1 and ~0.5 bytes, and that activations and the 128k-vocab logits often dominate. The
-terms (bytes):
+are stored in 1 and ~0.5 bytes, that activations and the 128k-vocab logits often dominate, and that a step's peak
+comes at one of three moments: a backward (activations alive, gradients arriving), the optimizer's step (activations
+gone, the step's transient copies made) or, under ZeRO-1/2, the start. benchmarks/advise_vs_measured.py checks the
+whole against every committed GPU run (median error 0.5%, 95th percentile 2.8% over 85 runs). The terms (bytes):
   weights      N x 2 or 4 (dtype); quantized: linear weights x 1 (8bit) or 0.53 (4bit NF4 + scales), the rest x 2
   trainable T  LoRA adapters are fp32 (peft) and add their own T x 4; full fine-tuning trains the loaded dtype
   gradients    T x bytes(trainable); DDP (baseline on several GPUs) keeps a second copy in its buckets;
-               ZeRO-2/3 split them across GPUs, and with the optimizer offloaded none stay on the GPU;
-               ZeRO-3 adds one 5e8-element bucket for contiguous gradients whatever trains (measured: LoRA
-               under ZeRO-3 + offload peaked ~1 GB above the other terms on the 1B and 8B shapes)
+               ZeRO-2/3 split them across GPUs (ZeRO-1 too by its step), and with the optimizer offloaded none
+               stay on the GPU; ZeRO-3 adds one 5e8-element bucket for contiguous gradients whatever trains
+               (measured: LoRA under ZeRO-3 + offload peaked ~1 GB above the other terms on the 1B and 8B shapes)
+  optimizer    states: torch AdamW's 2 in the parameter dtype; DeepSpeed with bf16/fp16: fp32 master + 2 fp32
+               moments = 12 T, split from stage 1, on the CPU if offloaded. The step's transient copies
+               (step_transients): torch's foreach AdamW (the HF Trainer's) one temporary of the states' size,
+               fused AdamW (dsnb's compiled loop) none; DeepSpeed's fp32 gradient copy (4 T; ZeRO-3 one
+               1e9-element sub-group at a time), and DeepSpeed's own ZeRO-1/2 step first flattens the 16-bit
+               partition (2 T). Measured for 3B full fine-tuning on the H200, bytes a weight: 10 under the
+               Trainer without DeepSpeed, 12 with DDP on two GPUs, 24 under ZeRO-1/2 on one GPU and 2 + 22 / 2 on
+               two, 22 compiled with DeepSpeed's step and 20 with dsnb's flat one; ZeRO-3 and 8B's within 0.5%
+  activations  per token and layer (layer_activations), in the compute dtype: both norms' inputs, queries, keys and
+               values after RoPE, the attention's output, SwiGLU's gate, up, activation and product (3 h + q +
+               2 kv + 4 i), each LoRA adapter's dropped-out input, full fine-tuning's projection inputs (2 h),
+               and 3.4 h more in the eager loop; with 8-bit weights (1.6 h + i) half-precision elements that
+               bitsandbytes keeps. Logits: V x (2 + 4 + 4) bytes per token (logits, their fp32 upcast for the
+               loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast into the log-softmax).
+               Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without
   ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
                compute dtype whatever trains, two under overlap_comm (several GPUs, or the optimizer
                offloaded; dsnb/zero.py). By then the logits' memory is gone, so they raise the peak only
                where they outweigh it (measured: notebook 01's 8-bit LoRA with offload, per-batch padding,
                1.7 GB above the sum of the other terms; padded to 512 tokens, 0.4 GB); full fine-tuning adds
-               the largest weight's whole gradient waiting for its bucket, and with the optimizer offloaded
-               DeepSpeed's GPU staging buffer of the largest weight's size
-  optimizer    torch AdamW: 2 states in the parameter dtype plus one parameter-sized temporary (foreach);
-               DeepSpeed with bf16/fp16: fp32 master + 2 fp32 states = 12 T, and an fp32 gradient copy 4 T
-               (measured on the H200: 71.9 GB for 3B full fine-tuning under ZeRO-1 on one GPU), split from
-               stage 1, on the CPU if offloaded; ZeRO-3 on the GPU makes that copy one sub-group at a time
-               during the step (sub_group_size, 1e9 elements), so it counts at most 4 x 1e9 (measured: 8B full
-               fine-tuning under ZeRO-3 on one H200, 128.5 GB against 154.7 GB counted whole)
-  activations  per token and layer (8 h + 4 i) elements in the compute dtype (attention and MLP inputs,
-               SwiGLU's gate, up and product), plus (5 h + i) half-precision elements that bitsandbytes'
-               8-bit matmuls keep for backward; logits: V x (2 + 4 + 4) bytes per token (logits, their
-               fp32 upcast for the loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast
-               into the log-softmax and writes the gradient in the compute dtype: measured 40.3 GB on the
-               H200 at 10,240 packed tokens, where the eager count gives 50.1)
-  ZeRO-3       parameters split across GPUs; with parameter offload the GPU holds up to DeepSpeed's
-               stage3_max_live_parameters (1e9 elements) at a time; full fine-tuning also holds the
-               largest weight's whole gradient (the 128k-vocab embedding) before it is reduce-scattered
-               (measured: 3B full under ZeRO-3 + offload peaked 0.8 GB above LoRA)
+               the largest weight's whole gradient waiting for its bucket (twice for tied embeddings: likely
+               the output layer's and the input's, measured 1B + offload 0.8 GB above the rest), and with the
+               optimizer offloaded DeepSpeed's GPU staging buffer of the largest weight's size
+  ZeRO-3       parameters split across GPUs; a forward or backward holds the gathered weights, counted as
+               DeepSpeed's stage3_max_live_parameters (1e9 elements), and with the parameters on the GPU the
+               largest weight beside them (measured 1.6-2.1 GB with parameters in CPU RAM, 2.7-3.2 GB with 8B's
+               on the GPU: not understood, a margin that covers them); full fine-tuning also holds the largest
+               weight's whole gradient (the 128k-vocab embedding) before it is reduce-scattered. DeepCompile:
+               2 bytes a trained weight more (measured once, 3B full: not understood, a margin)
   ZeRO-1/2     at start DeepSpeed copies the trainable weights into one flat buffer before it frees them,
                on the GPU where NVML reports room for it (else on the CPU, and the start-up peak is the
                weights alone: on a GPU smaller than twice the weights this term overstates), so the peak is
                at least the weights plus that copy; with the optimizer offloaded it is the peak (measured:
-               exactly twice the bf16 weights for 3B full fine-tuning on one H200 and 8B on one and on two),
-               and est_peak_gpu_mb is then more than the sum of the est_*_mb terms
-Tokens per micro-batch are the worst case: batch x max_length with max_length or filled padding, the most
-rows a packed batch took, batch x the longest sample otherwise. The CUDA context (~0.5 GB) is outside the
-allocator and not counted.
+               exactly twice the bf16 weights for 3B full fine-tuning on one H200 and 8B on one and on two)
+  the rest     64 MB the allocator holds whatever the model (cuBLAS workspaces; measured on a 0.4M-weight model)
+est_peak_gpu_mb is the largest moment; the est_*_mb terms are what a GPU holds through a step, and need not add up
+to it. Tokens per micro-batch are the worst case: batch x max_length with max_length or filled padding, the most
+rows a packed batch took, batch x the longest sample otherwise. The CUDA context and what NCCL and compiled kernels
+take (0.75-2.2 GB measured beyond the allocator's reserve) are outside the allocator and not counted.
 
-Host RAM (the process's resident memory), fitted to the H200 runs of the 1B, 3B and 8B shapes
-(benchmarks/estimate_vs_measured.py): about 1.1 GB of libraries and CUDA, plus the weights file as stored
-(it is read through memory maps: every page read counts in the resident size, though the kernel can drop
-those pages, so the check before loading refuses only on the rest, and warns on the whole), plus, offloaded,
-22 bytes per trainable parameter
-(DeepSpeed's fp32 master weights, Adam moments and gradients, and its pinned buffers) and 1.5 times the
-weights' bytes for ZeRO-3's parameters kept in CPU RAM. Per process; ranks on one machine add up.
+Host RAM (the process's resident memory), measured on the H200 runs of the 1B, 3B and 8B shapes: the larger of
+loading and training. Loading: about 1.1 GB of libraries and CUDA, plus the weights file as stored (it is read
+through memory maps: every page read counts in the resident size, though the kernel can drop those pages, so the
+check before loading refuses only on the rest, and warns on the whole), 0.5 GB for ZeRO-3 or DeepSpeed on several
+GPUs. Training: 1.9 GB for a GPU process (a CPU one took 0.75), plus the offloaded optimizer
+(offloaded_optimizer_bytes: Adam's moments, and page-locked buffers rounded up to powers of two) and 1.6 times the
+weights' bytes for ZeRO-3's parameters kept in CPU RAM (measured 1.1-1.6: the largest). Per process; ranks on one
+machine add up.
 """
 from __future__ import annotations
 
@@ -67,65 +77,142 @@ from .zero import overlap_comm
 MB = 2**20
 PACK_SHUFFLES = 8
 PROCESS_BASE_MB = 1150  # a training process's RSS beyond its weights (measured: 1,118-1,150 MB, 1B to 8B shapes)
-OFFLOADED_BYTES_PER_TRAINABLE = 22  # host bytes per offloaded trainable parameter (fitted: 1B and 3B, ZeRO-2/3)
-OFFLOADED_PARAM_FACTOR = 1.5  # host bytes per byte of weights ZeRO-3 keeps in CPU RAM (fitted: 1B, 3B, 8B LoRA)
+HOST_FLOOR_MB = 1900  # a GPU training process's RSS without weights (measured: the 0.4M-parameter quality model; CUDA's
+#                       host memory: a CPU process took 0.75 GB)
+DEEPSPEED_HOST_MB = 530  # ZeRO-3 or DeepSpeed on several GPUs (measured: 320-530 MB beyond the rest, 3B and 8B)
+OFFLOADED_PARAM_FACTOR = 1.6  # host bytes per byte of weights ZeRO-3 keeps in CPU RAM (measured 1.1-1.6: 1B, 3B, 8B;
+#                               the largest, so 1B and 8B come out 15-23% high)
 SUB_GROUP = 1e9  # elements: DeepSpeed's ZeRO-3 sub_group_size default
 REDUCE_BUCKET = 5e8  # elements: DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
+EIGHT_BIT_EXTRA = 1.6  # and, with 8-bit weights, (this x hidden + the MLP's width) half-precision elements more
+#                         (fitted: the tutorial's recipe, 3B, 2 x 512 tokens)
+EAGER_EXTRA = 3.4  # elements per token and layer, in units of the hidden size, the eager loop keeps beyond the
+#                     compiled one (fitted: the fast recipe under the Trainer, 3B shape)
+ALLOCATOR_FLOOR_MB = 64  # what the allocator holds whatever the model: cuBLAS workspaces, rotary tables (measured: the
+#                          0.4M-parameter quality model peaked at 123 MB allocated, its tensors counting 58)
+LIVE_PARAMETERS = 1e9  # elements: DeepSpeed's stage3_max_live_parameters default
 MASK_BYTES = 10  # per element of a row's length x length attention mask (measured 9 on the CPU: synthetic:tiny, fp32)
 
 
 def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_batch: int,
                     world_size: int = 1, row_length: int = 0, on_gpu: bool = True) -> dict:
     """The terms above for one process; row_length: the longest row's tokens (its attention mask grows with its
-    square); on_gpu False: a CPU-only run, whose host RAM holds everything the GPU estimate counts too."""
+    square); on_gpu False: a CPU-only run, whose host RAM holds everything the GPU estimate counts too. The peak is
+    the largest of three moments: a backward (activations alive, gradients arriving), the optimizer's step (the
+    activations gone, its transient copies made) and, under ZeRO-1/2, the start (the weights copied flat)."""
     h, layers, inter, vocab = config.hidden_size, config.num_hidden_layers, config.intermediate_size, config.vocab_size
-    full = cfg.lora_r == 0
     act_bytes = 4 if cfg.dtype == "fp32" else 2  # one element of an activation (the compute dtype)
     weights, load_bytes = weight_bytes(cfg, config, trainable)
-    trainable_bytes = load_bytes if full else 4  # peft keeps LoRA adapters in fp32
-    grads = trainable * trainable_bytes
-    stage = cfg.zero_stage
-    mixed = stage is not None and cfg.dtype != "fp32"
-    states = 12 * trainable if mixed else 2 * trainable * trainable_bytes
-    # DeepSpeed adds its fp32 gradient copy; torch's foreach AdamW makes a parameter-sized temporary.
-    optimizer = states + 4 * trainable if mixed else states + grads
-
-    gpu_weights, cpu_weights = weights, 0.0
-    gpu_grads = grads
-    gpu_opt, cpu_opt = gpu_optimizer(stage, mixed, states, optimizer, trainable, world_size), 0.0
-    if stage is None and world_size > 1:
-        gpu_grads = 2 * grads  # DDP's gradient buckets hold a second copy of every gradient
-    if stage is not None and stage >= 2:
-        gpu_grads = grads / world_size
-    if stage == 3:
-        gpu_weights = weights / world_size
-    if cfg.offload_optimizer != "none":
-        cpu_opt, gpu_opt = optimizer / world_size, 0.0  # the fp32 gradient copy moves with it
-        gpu_grads = 0.0
-    if stage == 3:  # contiguous gradients: one reduce bucket, allocated up front however few weights train
-        gpu_grads += REDUCE_BUCKET * act_bytes
-        if full:  # a gathered weight's gradient is whole until reduce-scattered; the largest sets the peak
-            gpu_grads += largest_weight(config) * load_bytes
-    if cfg.offload_param != "none":  # the GPU holds what ZeRO-3 keeps live: stage3_max_live_parameters (1e9)
-        cpu_weights, gpu_weights = weights / world_size, min(weights, 1e9 * load_bytes)
-
-    per_token_layer = (8 * h + 4 * inter) * act_bytes + ((5 * h + inter) * 2 if cfg.quantization == "8bit" else 0)
+    held = held_bytes(cfg, config, trainable, world_size, weights, load_bytes)
+    per_token_layer = layer_activations(cfg, config) * act_bytes + (
+        (EIGHT_BIT_EXTRA * h + inter) * 2 if cfg.quantization == "8bit" else 0)
     logits = vocab * 2 * act_bytes if cfg.torch_compile else vocab * (act_bytes + 8)
     # The attention mask of a padded (or packed) row is rows x length x length: nothing at 512 tokens, the whole machine
     # at 100,000 (measured on the CPU: 9 bytes per element of it, fp32, SDPA).
     activations = tokens_per_micro_batch * (layers * per_token_layer + logits + MASK_BYTES * row_length)
-    gpu = gpu_weights + gpu_grads + gpu_opt + activations
-    if stage == 2:
-        gpu = zero2_peak(cfg, config, gpu, tokens_per_micro_batch * logits, world_size, act_bytes, load_bytes, on_gpu)
-    if stage in (1, 2):  # at start, ZeRO-1/2 copies the trainable weights into one flat buffer while they still exist
-        gpu = max(gpu, weights + trainable * trainable_bytes)
-    cpu = cpu_weights + cpu_opt
-    host = host_ram_mb(cfg, config, trainable, world_size) + (0 if on_gpu else gpu / MB)
+    backward = held["weights"] + held["live"] + held["backward_grads"] + held["states"] + activations
+    if cfg.zero_stage == 2:
+        backward = zero2_peak(cfg, config, backward, tokens_per_micro_batch * logits, world_size, act_bytes,
+                              load_bytes, on_gpu)
+    step = held["weights"] + held["grads"] + held["states"] + step_transients(cfg, trainable, world_size, load_bytes,
+                                                                              on_gpu)
+    if cfg.deepcompile and cfg.torch_compile and cfg.zero_stage == 3:
+        backward += trainable * 2  # DeepCompile: measured once (3B full, 6.6 GB above this count), not understood
+    gpu = max(backward, step) + ALLOCATOR_FLOOR_MB * MB
+    if cfg.zero_stage in (1, 2):  # at start, ZeRO-1/2 copies the trainable weights into one flat buffer while they
+        gpu = max(gpu, weights + trainable * trainable_bytes(cfg, load_bytes))  # exist (before any matmul's workspace)
+    host = host_ram_mb(cfg, config, trainable, world_size, on_gpu=on_gpu) + (0 if on_gpu else gpu / MB)
     return {"est_peak_gpu_mb": gpu / MB, "est_peak_host_mb": host,
-            "est_peak_cpu_offload_mb": cpu / MB,
-            "est_weights_mb": gpu_weights / MB,
-            "est_grads_mb": gpu_grads / MB, "est_optimizer_mb": gpu_opt / MB, "est_optimizer_states_mb": states / MB,
-            "est_activations_mb": activations / MB}
+            "est_peak_cpu_offload_mb": held["offloaded"] / MB,
+            "est_weights_mb": held["weights"] / MB,
+            "est_grads_mb": held["backward_grads"] / MB,
+            "est_optimizer_mb": (step - held["weights"] - held["grads"]) / MB,
+            "est_optimizer_states_mb": held["all_states"] / MB, "est_activations_mb": activations / MB}
+
+
+def layer_activations(cfg: RunConfig, config) -> float:
+    """Elements one token keeps per layer for the backward, in the compute dtype: both norms' inputs, the queries, keys
+    and values after RoPE and the attention's output, SwiGLU's gate, up, activation and product; each LoRA adapter's
+    dropped-out input (peft draws one per adapter); under full fine-tuning the inputs of the projections besides;
+    and the eager loop's own (the norms' fp32 upcasts, dropout masks). Fitted: compiled LoRA on q/v of the 3B shape
+    (the throughput mode, 12,288 tokens a micro-batch: 47,104 counted against 47,072 measured without dropout, and the
+    dropout's 2 x 3,072 against 6,028), and the eager extra on the fast recipe under the Trainer."""
+    h, inter = config.hidden_size, config.intermediate_size
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    q, kv = heads * head_dim, kv * head_dim
+    core = 3 * h + q + 2 * kv + 4 * inter
+    if cfg.lora_r == 0:
+        core += 2 * h  # the normed inputs of q/k/v and of gate/up (o's and down's are counted: attention, product)
+    elif cfg.lora_dropout > 0:
+        inputs = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "gate_proj": h, "up_proj": h, "down_proj": inter}
+        targets = inputs if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
+        core += sum(inputs.get(t, 0) for t in targets)
+    return core + (0 if cfg.torch_compile else EAGER_EXTRA * h)
+
+
+def trainable_bytes(cfg: RunConfig, load_bytes: int) -> int:
+    """Bytes of one trained weight: full fine-tuning trains the loaded dtype, peft keeps LoRA adapters in fp32."""
+    return load_bytes if cfg.lora_r == 0 else 4
+
+
+def held_bytes(cfg: RunConfig, config, trainable: int, world: int, weights: float, load_bytes: int) -> dict:
+    """What one GPU holds through a step, in bytes: its weights (ZeRO-3: its partition, and the gathered weights a
+    forward or backward keeps live), gradients as a backward leaves them and as the step finds them, the optimizer's
+    states; and what optimizer offload keeps in CPU RAM (or on disk) instead."""
+    stage, full = cfg.zero_stage, cfg.lora_r == 0
+    grads = trainable * trainable_bytes(cfg, load_bytes)
+    mixed = stage is not None and cfg.dtype != "fp32"
+    states = 12 * trainable if mixed else 2 * grads  # DeepSpeed: fp32 master and two fp32 moments; torch: two moments
+    parts = 1 if stage is None or stage == 0 else world  # what ZeRO splits from stage 1
+    out = {"weights": weights, "live": 0.0, "grads": grads / parts, "backward_grads": grads, "states": states / parts,
+           "all_states": states, "offloaded": 0.0}
+    if stage is None and world > 1:
+        out["grads"] = out["backward_grads"] = 2 * grads  # DDP's gradient buckets hold a second copy of every gradient
+    if stage == 0 and mixed:
+        out["states"] += 4 * trainable  # ZeRO-0's fp32 gradient copy lives beside the weights
+    if stage is not None and stage >= 2:
+        out["backward_grads"] = grads / world
+    if stage == 3:
+        out["weights"] = 0.0 if cfg.offload_param != "none" else weights / world
+        # Gathered for a forward or backward: up to stage3_max_live_parameters, and with the parameters on the GPU the
+        # largest weight beside them (measured: 1.6-2.1 GB beyond the other terms with the parameters in CPU RAM, 1B
+        # to 8B; 2.7 and 3.2 GB with the 8B's on one and two GPUs; not understood, this covers them)
+        out["live"] = min(weights, LIVE_PARAMETERS * load_bytes) + (
+            largest_weight(config) * load_bytes if cfg.offload_param == "none" else 0.0)
+        bucket = REDUCE_BUCKET * (4 if cfg.dtype == "fp32" else 2)  # contiguous gradients, allocated up front
+        whole = largest_weight(config) * load_bytes if full else 0.0  # a gathered weight's gradient, whole until
+        out["grads"] += bucket  # reduce-scattered: the largest sets the peak
+        out["backward_grads"] += bucket + whole
+    if cfg.offload_optimizer != "none":  # states and the fp32 gradient copy move to the host, gradients with them
+        out["offloaded"] = (states + 4 * trainable * mixed) / world
+        out["states"] = 0.0
+        out["grads"] -= grads / parts
+        out["backward_grads"] -= grads / world
+    if cfg.offload_param != "none":
+        out["offloaded"] += weights / world
+    return out
+
+
+def step_transients(cfg: RunConfig, trainable: int, world: int, load_bytes: int, on_gpu: bool) -> float:
+    """Bytes the optimizer's step makes on the GPU beyond what it holds. Torch's foreach AdamW (the HF Trainer's
+    adamw_torch) makes one temporary of its states' size, fused AdamW (dsnb's compiled loop on a GPU) none. DeepSpeed
+    in bf16/fp16 makes an fp32 copy of its gradient partition (ZeRO-3: of one sub-group at a time), and its own
+    ZeRO-1/2 step first flattens the 16-bit partition (dsnb's flat step does not). Measured on the H200 for 3B full
+    fine-tuning, bytes a weight on one GPU: ZeRO-2 under the Trainer 24, compiled with DeepSpeed's step 22, with dsnb's
+    flat step 20; ZeRO-3 under the Trainer on one and two GPUs and for 8B, within 0.4%."""
+    stage = cfg.zero_stage
+    foreach = not (cfg.torch_compile and on_gpu)
+    if cfg.offload_optimizer != "none":
+        return 0.0  # the step runs on the host
+    if stage is None or stage == 0 or cfg.dtype == "fp32":
+        parts = 1 if stage is None or stage == 0 else world
+        return trainable * trainable_bytes(cfg, load_bytes) / parts if foreach else 0.0
+    if stage == 3:
+        return (8 if foreach else 4) * min(trainable / world, SUB_GROUP)
+    own = 0 if cfg.torch_compile and cfg.zero_flat_step and world == 1 and cfg.dtype == "bf16" else 2
+    return (4 + max(own, 4 if foreach else 0)) * trainable / world
 
 
 def zero2_peak(cfg: RunConfig, config, gpu: float, logits: float, world_size: int, act_bytes: int, load_bytes: int,
@@ -139,21 +226,12 @@ def zero2_peak(cfg: RunConfig, config, gpu: float, logits: float, world_size: in
     largest = largest_weight(config) * load_bytes if full else 0.0
     if cfg.offload_optimizer != "none":
         gpu += largest
+    if full and getattr(config, "tie_word_embeddings", False):  # the shared embedding's gradient, made twice (output
+        largest *= 2  # layer and input) before its hook moves it: likely; measured 1B ZeRO-2 + offload 0.8 GB above
     if not on_gpu or cfg.torch_compile:  # compiled, the hooks that fill them fire after the backward has freed its
         return gpu  # activations, or not at all (dsnb's flat step): zero_flat*.jsonl peak level with no DeepSpeed
     buckets = (2 if overlap_comm(cfg, world_size) else 1) * REDUCE_BUCKET * act_bytes
     return max(gpu, gpu - logits + buckets + largest)
-
-
-def gpu_optimizer(stage: int | None, mixed: bool, states: float, optimizer: float, trainable: int,
-                  world_size: int) -> float:
-    """The optimizer's bytes on each GPU: whole without ZeRO, split from stage 1; ZeRO-3 makes its fp32
-    gradient copy one sub-group at a time."""
-    if stage is None or stage < 1:
-        return optimizer
-    if stage == 3 and mixed:
-        return states / world_size + 4 * min(trainable / world_size, SUB_GROUP)
-    return optimizer / world_size
 
 
 def linear_params(config) -> int:
@@ -181,16 +259,37 @@ def weight_bytes(cfg: RunConfig, config, trainable: int) -> tuple[float, int]:
     return (weights if full else weights + trainable * 4), load_bytes
 
 
-def host_ram_mb(cfg: RunConfig, config, trainable: int, world_size: int = 1, mapped: bool = True) -> float:
-    """One process's peak resident host memory (see the module's docstring for the fitted terms); without `mapped`,
-    the weights file's memory-mapped pages (which the kernel can drop under pressure) are left out."""
+def host_ram_mb(cfg: RunConfig, config, trainable: int, world_size: int = 1, mapped: bool = True,
+                on_gpu: bool = True) -> float:
+    """One process's peak resident host memory: the larger of loading (the process, the weights file as it is read,
+    DeepSpeed's own) and training (the process and what offload keeps in CPU RAM; the file's pages are gone by then).
+    See the module's docstring for the fitted terms. Without `mapped`, what the kernel can take back is left out: the
+    weights file's memory-mapped pages; and the process counts at the least measured beside its weights
+    (PROCESS_BASE_MB), as it does without a GPU (on_gpu False), not at a GPU process's floor."""
     weights, _ = weight_bytes(cfg, config, trainable)
-    host = PROCESS_BASE_MB * MB + (total_params(config) * stored_bytes(config) if mapped else 0)
-    if cfg.offload_optimizer != "none":
-        host += OFFLOADED_BYTES_PER_TRAINABLE * trainable / world_size
-    if cfg.offload_param != "none":
-        host += OFFLOADED_PARAM_FACTOR * weights / world_size
-    return host / MB
+    params = OFFLOADED_PARAM_FACTOR * weights / world_size if cfg.offload_param != "none" else 0.0
+    deepspeed = DEEPSPEED_HOST_MB * MB if cfg.zero_stage == 3 or (cfg.zero_stage is not None and world_size > 1) \
+        else 0.0
+    load = PROCESS_BASE_MB * MB + (total_params(config) * stored_bytes(config) if mapped else 0) + deepspeed + params
+    train = (HOST_FLOOR_MB if mapped and on_gpu else PROCESS_BASE_MB) * MB + params + offloaded_optimizer_bytes(
+        cfg, trainable / world_size)
+    return max(load, train) / MB
+
+
+def offloaded_optimizer_bytes(cfg: RunConfig, trainable: float) -> float:
+    """Host bytes of DeepSpeed's offloaded optimizer for `trainable` weights (one process's partition), as DeepSpeed
+    0.19's ZeRO-1/2 allocates them: Adam's two fp32 moments, and in page-locked memory, which PyTorch's host allocator
+    rounds up to a power of two, the fp32 master weights, their fp32 gradients and a copy in the compute dtype
+    (measured for full fine-tuning, 1B, 3B and 8B on one GPU, 8B on two: 1-3% under). NVMe offload is counted alike
+    (measured once, 1B: 35.8 GB of host RAM, DeepSpeed's swap buffers beside what the disk holds)."""
+    if cfg.offload_optimizer == "none" or not trainable:
+        return 0.0
+    compute = 4 if cfg.dtype == "fp32" else 2
+    return 8 * trainable + 2 * power_of_two(4 * trainable) + power_of_two(compute * trainable)
+
+
+def power_of_two(n: float) -> float:
+    return 2.0 ** math.ceil(math.log2(n)) if n > 1 else n
 
 
 def disk_mb(cfg: RunConfig, config, trainable: int) -> tuple[float, float]:
