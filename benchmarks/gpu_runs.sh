@@ -17,6 +17,9 @@
 #   OUT=out bash benchmarks/gpu_runs.sh colab        # notebook 01 under the colab_t4 preset (GPU 0) beside the T4
 #                                                    # fast recipe in fp16 and compiled DeepSpeed variants (GPU 1)
 #   OUT=out bash benchmarks/gpu_runs.sh t4drop       # the T4 fast recipe compiled in fp16: inductor's dropout masks, then dsnb's
+#   OUT=out bash benchmarks/gpu_runs.sh t4pad        # colab_t4's 8-bit recipe padded to max_length, longest, bucket (and
+#                                                    # longest 8 x 1), same samples and steps; bitsandbytes' 8-bit matmul
+#                                                    # alone at each padding's shapes (benchmarks/bnb_shapes.py)
 #   OUT=out bash benchmarks/gpu_runs.sh speed        # the bench's compiled ZeRO and full fine-tuning variants
 #   OUT=out bash benchmarks/gpu_runs.sh last         # the same, one `dsnb run` each, with stacks of a hung step
 #   OUT=out bash benchmarks/gpu_runs.sh profile      # one profiled step of the LoRA recipes that miss their targets
@@ -342,8 +345,27 @@ t4drop)  # the colab_t4 preset's fast recipe compiled in fp16 on the default (pa
   timeout 150 python3 -m dsnb run "${T4_FAST[@]}" --torch_compile true --run_name t4_keepmask > "$OUT/t4_keepmask.log" 2>&1
   dump t4drop
   ;;
+t4pad)  # why 8-bit weights padded per batch took longer a step than padded to 512 (notebook01.jsonl 1.40 s against
+  # colab.jsonl 0.93 s): the colab_t4 preset's 8-bit recipe (fp16, 2 x 4) on the passage prompt, the same samples and
+  # steps padded to max_length, to each batch's longest sample and to a multiple of 64, then longest as one micro-batch
+  # of 8; then bitsandbytes' 8-bit matmul alone (one 3B layer, forward and backward) at each padding's shapes, each in
+  # a fresh process, with fp16 weights beside it, and again with 6 outlier columns (LLM.int8's mixed decomposition)
+  prebuild synthetic:llama-3.2-3b
+  PAD=("${B3[@]}" --preset colab_t4 --max_steps 12 --untimed_steps 3 --logging_steps 1 --eval_samples 0
+       --experiment t4pad)
+  for v in max_length longest bucket longest_b8; do
+    flags=(--padding "${v%_b8}")
+    [[ $v != *_b8 ]] || flags+=(--batch_size 8 --grad_accum 1)
+    timeout 70 python3 -m dsnb run "${PAD[@]}" "${flags[@]}" --run_name "pad_$v" > "$OUT/pad_$v.log" 2>&1
+    echo "$v exit $?: $(grep -E 's a step after|^  speed' "$OUT/pad_$v.log" | tr '\n' ' ')"
+  done
+  timeout 80 python3 benchmarks/bnb_shapes.py --out "$OUT/bnb_shapes.jsonl" 2>&1 | grep -v "^Failed to load"
+  timeout 40 python3 benchmarks/bnb_shapes.py --weights 8bit --outliers 6 --out "$OUT/bnb_shapes.jsonl" 2>&1 \
+    | grep -v "^Failed to load"
+  dump t4pad
+  ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|zerographs|graphscheck|deepcompile|scale4|rows|t4drop [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
   exit 2
   ;;
 esac

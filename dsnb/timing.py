@@ -5,20 +5,20 @@ GPUs.
     est = time_estimate(cfg, lengths, config, trainable, world=1, gpu="T4")  # s per step, training, answers, the run
     describe_time(est)                                                        # one line for the plan
 
-A micro-batch takes host and kernel-launch work per layer (the HF Trainer's eager loop, or dsnb's compiled loop with
-or without CUDA graphs) and its tokens' FLOPs at a share of the GPU's peak; ZeRO-3 adds its per-layer fetch and
-release, and parameter offload moves the weights over PCIe for the forward and again for the backward. A step is its
-micro-batches plus the optimizer's update over the trained weights (on the GPU at its memory bandwidth, or on the host
-under optimizer offload), DeepSpeed's own ZeRO-1/2 step where dsnb's flat step does not take it, and on several GPUs
-the gradients and weights sent between them. A run is its steps, the held-out answers, loading, and compiling.
-Each constant says where it was measured (benchmarks/results/h200_runs/: the listing), and
-benchmarks/time_vs_measured.py checks the estimates against every committed GPU run, in and out of sample.
+A micro-batch takes host and kernel-launch work per layer (the HF Trainer's eager loop, by weight storage and by
+whether each micro-batch has a length of its own; or dsnb's compiled loop with or without CUDA graphs) and its
+tokens' FLOPs at a share of the GPU's peak; ZeRO-3 adds its per-layer fetch and release, and parameter offload moves
+the weights over PCIe for the forward and again for the backward. A step is its micro-batches plus the optimizer's
+update over the trained weights (on the GPU at its memory bandwidth, or on the host under optimizer offload),
+DeepSpeed's own ZeRO-1/2 step where dsnb's flat step does not take it, and on several GPUs the gradients and weights
+sent between them. A run is its steps, the held-out answers, loading, and compiling. RATES are fitted to every
+committed GPU run (benchmarks/time_vs_measured.py, which also predicts each run with the rates fitted without it).
 
 A T4 is calibrated on the tutorial's own T4 runs (625 steps of 8-bit LoRA, pad 512, 2 x 4: 2,424.7 s, and 2,680.7 s
 with ZeRO-2 + CPU offload), its host work taken as the H200's times the T4 host's slower cores (assumed: no T4 was
 reachable from where dsnb is built); L4, A100 and H100 are the H200's figures scaled by their datasheet peaks. Where
-an estimate rests on such assumptions or on one run (NVMe offload, DeepCompile, DDP, more than two GPUs, the T4 off the
-tutorial's recipe), est["rough"] says why and describe_time's line says "rough".
+an estimate rests on such assumptions or on one run (NVMe offload, DeepCompile, DDP, DeepSpeed's own compiled step,
+more than two GPUs, the T4 off the tutorial's recipe), est["rough"] says why and describe_time's line says "rough".
 """
 from __future__ import annotations
 
@@ -30,37 +30,40 @@ from .data import BUCKET
 from .estimate import total_params
 from .metrics import GPU_PEAK_FLOPS, flops_per_token
 
-# s of host and launch work per layer of a micro-batch under the HF Trainer (H200), by weight storage
-TRAINER_LAYER = {"none": 0.0075,  # bench.jsonl, fast.jsonl: the fast recipe's 3B step, 0.217-0.238 s on 28 layers
-                 "8bit": 0.0061,  # bench.jsonl, colab.jsonl: the tutorial's recipe, 0.17 s a micro-batch on 28 layers
-                 "4bit": 0.0100}  # capacity.jsonl: qlora_4bit, 0.197 / 0.276 / 0.334 s on 16 / 28 / 32 layers
-# share of the GPU's peak FLOP/s its tokens compute at: the 8-bit matmuls (bitsandbytes) as measured, else MFU
-EIGHT_BIT_SHARE = {"H200": 0.156,  # the tutorial's recipe beyond its floor: 12,000 tokens/s on the 3B shape
-                   "T4": 0.284}  # the tutorial's T4 runs: 3.88 s a step of 4 x 1,024 tokens, less the floor
-MFU = 0.45  # throughput.jsonl, throughput_levers.jsonl: the throughput mode (45-51%); the Trainer's 8B ZeRO-3 step
-#             grew 45 ms from 8 to 16 samples (scale_8b*.jsonl), about 50%
-# s per layer a compiled micro-batch takes at least: with CUDA graphs (fast.jsonl, zero_flat.jsonl: fast_compiled,
-# 16.5 ms on 28 layers), without (graphscheck.jsonl: the _nographs runs, 42-58 ms a micro-batch on 28 layers)
-COMPILED_LAYER = {True: 0.0006, False: 0.0018}
-# s per billion trained weights of the optimizer's update on the H200 (HBM-bound), scaled by memory bandwidth
-UPDATE = {"fused": 0.012,  # speed.jsonl: full_compiled (torch's fused AdamW), 60 ms against 22 ms of FLOPs for 3.2B
-          "foreach": 0.022}  # capacity.jsonl: full minus lora_bf16 under the Trainer (1B +25 ms, 3B +77 ms); DeepSpeed
-#                              (fp32 master weights) the same
+# Rates on the H200, each fitted to the committed runs of the path it serves (benchmarks/time_vs_measured.py: a run
+# fits the last rate, in this order, its step depends on; each rate is the median of what its runs imply given the
+# rates before it). tests/test_timing.py holds these figures to that fit; time_vs_measured_h200.md lists each rate's
+# runs and every run predicted with the rates fitted without it.
+RATES = {
+    "mfu": 0.504,  # share of the GPU's peak FLOP/s a compiled step's tokens compute at (the throughput mode, 13 runs)
+    "compiled_layer": 0.000599,  # s per layer a compiled micro-batch takes at least, replayed as CUDA graphs (8 runs)
+    "ds_step_layer": 0.000244,  # s per layer of DeepSpeed's own compiled ZeRO-1/2 step beyond dsnb's flat one (1 run)
+    "compiled_layer_nographs": 0.00179,  # the same floor without CUDA graphs (2 runs)
+    "trainer_layer": 0.00499,  # s per layer of host and launch work in a micro-batch under the HF Trainer, 16-bit
+    #                            weights, micro-batches of few lengths (bucket; 2 runs)
+    "trainer_layer_varying": 0.00234,  # s per layer more where each micro-batch has its own length (longest; 7 runs)
+    "trainer_layer_4bit": 0.00961,  # the same with 4-bit weights (bitsandbytes' NF4), padded per batch (3 runs)
+    "trainer_layer_8bit": 0.0059,  # the same with 8-bit weights, every micro-batch of one length (max_length; 3 runs)
+    "eight_bit_varying": 0.00739,  # s per layer more with 8-bit weights where each micro-batch has its own length
+    #                                (notebook 01 under colab_t4, the capacity map's 8-bit cells: 5 runs)
+    "update_fused": 0.012,  # s per billion trained weights of torch's fused AdamW (HBM-bound; scaled by bandwidth):
+    #                         its one run (speed.jsonl full_compiled) also wrote to MLflow every step, so not fitted
+    "update_foreach": 0.0299,  # the same for the Trainer's foreach AdamW and DeepSpeed's (fp32 master; 5 runs)
+    "zero3_layer": 0.0265,  # s per layer of a micro-batch: ZeRO-3's fetch and release hooks (5 runs)
+    "deepcompile_layer": 0.000374,  # the same under DeepCompile, gathers and releases in the graph (1 run)
+    "offload": 0.185,  # s a step that optimizer offload adds whatever is trained (8-bit LoRA, 3 runs)
+    "param_offload_s_gb": 0.0494,  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (5)
+    "offload_s_per_b": 0.33,  # s per billion trained weights of CPU Adam and the copies to and from the host (11 runs)
+    "nvme_s_per_b": 24.2,  # s per billion trained weights with optimizer and parameters on disk (1 run)
+    "link_gb_s": 78.7,  # GB/s between two GPUs of one host as DeepSpeed used them (gradients and weights; 7 runs)
+    "ddp_s_per_b": 0.444,  # s per billion trained weights that DDP's gradient all-reduce took beyond that (1 run)
+    # the T4's, fitted last to the tutorial's own T4 runs (8-bit LoRA, pad 512, 2 x 4, 625 steps: 2,424.7 s, and
+    # 2,680.7 s with ZeRO-2 + CPU offload), its host work taken as the H200's x HOST_FACTOR:
+    "t4_eight_bit_share": 0.281,  # the 8-bit matmuls' share of the T4's fp16 peak
+    "t4_offload": 0.409,  # s a step that optimizer offload adds on the T4
+}
+EIGHT_BIT_SHARE_H200 = 0.156  # the 8-bit matmuls' share of the H200's peak (the tutorial's recipe beyond its floor)
 HBM_GB_S = {"T4": 320, "L4": 300, "A100": 2039, "H100": 3350, "H200": 4800}  # datasheet memory bandwidth
-DS_STEP_LAYER = 0.0005  # s per layer of DeepSpeed's own compiled ZeRO-1/2 step (per-gradient hooks, fp64 norms, a host
-#                         read) beyond dsnb's flat one: zero_flat*.jsonl, lora_zero2_stock +8 ms, full_stock +29 ms
-ZERO3_LAYER = 0.025  # s per layer of a micro-batch: ZeRO-3's fetch and release hooks (deepcompile.jsonl: zero3 0.91 s
-#                      on 28 layers compiled; scale_8b.jsonl: zero3_1gpu 1.01 s on 32 layers under the Trainer)
-PARAM_OFFLOAD_S_GB = 0.06  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (both passes
-#                            over PCIe; capacity, big.jsonl: lora_zero3_offload, 0.77 / 1.33 / 2.09 s, 1B / 3B / 8B)
-OFFLOAD = {"H200": 0.25, "T4": 0.41}  # s a step that optimizer offload adds whatever is trained (colab.jsonl: the
-#                                       LoRA pair, With_DeepSpeed against Without; the tutorial's T4 pair)
-OFFLOAD_S_PER_B = 0.30  # s per billion trained weights of CPU Adam and the copies to and from the host (capacity.jsonl:
-#                         full_zero2_offload 0.80 / 1.75 s for 1B / 3B; scale_8b.jsonl: zero2_offload_1gpu 3.11 s)
-NVME_S_PER_B = 24.0  # s per billion trained weights with optimizer and parameters on disk (nvme_attempts.md: the
-#                      only NVMe run, 1B full fine-tuning, 30.8 s a step)
-LINK_GB_S = 60  # GB/s between two GPUs of one host as DeepSpeed used them (multi_gpu.jsonl: zero1_2gpu and zero2_2gpu,
-#                 0.35-0.38 s against 0.27 s of the rest of the step, for 6.4 GB of gradients and weights)
 HOST_FACTOR = {"T4": 1.5}  # a Colab T4's 2 host cores against the H200 host's (assumed), for host work not measured
 ANSWER_STEP = {"H200": 0.055, "T4": 0.085}  # s per generated token of a 32-question batch (H200 colab runs; T4 x1.5)
 LOAD_SECONDS = 30  # a process's start, imports and the model's load: the Trainer runs' wall time beyond training
@@ -115,48 +118,68 @@ def cuda_graphs(cfg: RunConfig) -> bool:
     return cfg.cuda_graphs and cfg.strategy != "zero3" and not (cfg.strategy == "zero1" and cfg.grad_accum > 1)
 
 
-def micro_batch_seconds(cfg: RunConfig, config, trainable: int, tokens: float, gpu: str) -> float:
-    """One micro-batch's forward and backward: per-layer host work and its tokens' FLOPs."""
+def micro_batch_seconds(cfg: RunConfig, config, trainable: int, tokens: float, gpu: str, rates: dict) -> float:
+    """One micro-batch's forward and backward: per-layer host work and its tokens' FLOPs (compiled: whichever is
+    longer, the host running ahead of the GPU)."""
     layers, host = config.num_hidden_layers, HOST_FACTOR.get(gpu, 1.0)
     flops = tokens * flops_per_token(config, trainable, full=cfg.lora_r == 0)
     if cfg.torch_compile:
-        return max(layers * COMPILED_LAYER[cuda_graphs(cfg)] * host, flops / (GPU_PEAK_FLOPS[gpu] * MFU))
-    weights = cfg.quantization if cfg.quantization in TRAINER_LAYER else "none"
-    share = EIGHT_BIT_SHARE.get(gpu, EIGHT_BIT_SHARE["H200"]) if weights == "8bit" else MFU
-    return layers * TRAINER_LAYER[weights] * host + flops / (GPU_PEAK_FLOPS[gpu] * share)
+        floor = rates["compiled_layer" if cuda_graphs(cfg) else "compiled_layer_nographs"]
+        return max(layers * floor * host, flops / (GPU_PEAK_FLOPS[gpu] * rates["mfu"]))
+    varying = cfg.padding == "longest"
+    if cfg.quantization == "8bit":  # bitsandbytes reads its outliers back to the host in every matmul: no overlap
+        per_layer = rates["trainer_layer_8bit"] + (rates["eight_bit_varying"] if varying else 0.0)
+        share = rates["t4_eight_bit_share"] if gpu == "T4" else EIGHT_BIT_SHARE_H200
+    elif cfg.quantization == "4bit":
+        per_layer, share = rates["trainer_layer_4bit"], rates["mfu"]
+    else:
+        per_layer = rates["trainer_layer"] + (rates["trainer_layer_varying"] if varying else 0.0)
+        share = rates["mfu"]
+    return layers * per_layer * host + flops / (GPU_PEAK_FLOPS[gpu] * share)
 
 
-def optimizer_seconds(cfg: RunConfig, config, trainable: int, world: int, gpu: str) -> float:
+def optimizer_seconds(cfg: RunConfig, config, trainable: int, world: int, gpu: str, rates: dict) -> float:
     """A step's update over the trained weights: on the GPU, split over the GPUs under ZeRO; or on the host (the
     H200 host's CPU Adam; every GPU of a host shares its cores) or disk under optimizer offload."""
     billions = trainable / 1e9
-    kind = "fused" if cfg.torch_compile and cfg.strategy == "baseline" else "foreach"
-    update = billions * UPDATE[kind] * HBM_GB_S["H200"] / HBM_GB_S.get(gpu, HBM_GB_S["H200"])
+    kind = "update_fused" if cfg.torch_compile and cfg.strategy == "baseline" else "update_foreach"
+    update = billions * rates[kind] * HBM_GB_S["H200"] / HBM_GB_S.get(gpu, HBM_GB_S["H200"])
     if cfg.offload_optimizer != "none":  # never below the GPU's own update: a slow GPU's host is taken as no faster
-        per_b = NVME_S_PER_B if cfg.offload_optimizer == "nvme" else OFFLOAD_S_PER_B * HOST_FACTOR.get(gpu, 1.0)
-        return OFFLOAD.get(gpu, OFFLOAD["H200"]) + max(billions * per_b, update)
-    own = cfg.torch_compile and cfg.strategy in ("zero1", "zero2") and not (
-        cfg.zero_flat_step and world == 1 and cfg.dtype == "bf16")  # dsnb's flat step: one process, bf16, no offload
-    return update / (world if cfg.zero_stage else 1) + (config.num_hidden_layers * DS_STEP_LAYER if own else 0.0)
+        per_b = rates["nvme_s_per_b"] if cfg.offload_optimizer == "nvme" else \
+            rates["offload_s_per_b"] * HOST_FACTOR.get(gpu, 1.0)
+        return rates["t4_offload" if gpu == "T4" else "offload"] + max(billions * per_b, update)
+    own = config.num_hidden_layers * rates["ds_step_layer"] if deepspeed_step(cfg, world) else 0.0
+    return update / (world if cfg.zero_stage else 1) + own
 
 
-def step_parts(cfg: RunConfig, config, trainable: int, tokens: float, world: int, gpu: str) -> dict:
+def deepspeed_step(cfg: RunConfig, world: int) -> bool:
+    """Whether a compiled ZeRO-1/2 step without offload is DeepSpeed's own (dsnb's flat step takes it on one process
+    in bf16)."""
+    return cfg.torch_compile and cfg.strategy in ("zero1", "zero2") and cfg.offload_optimizer == "none" and not (
+        cfg.zero_flat_step and world == 1 and cfg.dtype == "bf16")
+
+
+def step_parts(cfg: RunConfig, config, trainable: int, tokens: float, world: int, gpu: str,
+               rates: dict = RATES) -> dict:
     """A step's seconds by what takes them (their sum is the step)."""
-
-    parts = {"micro-batches": cfg.grad_accum * micro_batch_seconds(cfg, config, trainable, tokens, gpu),
-             "optimizer": optimizer_seconds(cfg, config, trainable, world, gpu)}
-    if cfg.strategy == "zero3" and not (cfg.torch_compile and cfg.deepcompile):
-        parts["ZeRO-3 fetch"] = cfg.grad_accum * config.num_hidden_layers * ZERO3_LAYER * HOST_FACTOR.get(gpu, 1.0)
+    parts = {"micro-batches": cfg.grad_accum * micro_batch_seconds(cfg, config, trainable, tokens, gpu, rates),
+             "optimizer": optimizer_seconds(cfg, config, trainable, world, gpu, rates)}
+    if cfg.strategy == "zero3":
+        fetch = rates["deepcompile_layer" if cfg.torch_compile and cfg.deepcompile else "zero3_layer"]
+        parts["ZeRO-3 fetch"] = cfg.grad_accum * config.num_hidden_layers * fetch * HOST_FACTOR.get(gpu, 1.0)
     if cfg.offload_param != "none":
-        parts["parameter offload"] = cfg.grad_accum * weight_gb(config) * PARAM_OFFLOAD_S_GB
+        parts["parameter offload"] = cfg.grad_accum * weight_gb(config) * rates["param_offload_s_gb"]
     if world > 1:  # gradients reduced and trained weights gathered (allreduce under DDP); ZeRO-3's weight gathers
         sent = 4 * trainable + (cfg.grad_accum * 4 * total_params(config) if cfg.strategy == "zero3" else 0)
-        parts["between GPUs"] = sent * (world - 1) / world / (LINK_GB_S * 1e9)
+        parts["between GPUs"] = sent * (world - 1) / world / (rates["link_gb_s"] * 1e9)
+        if cfg.strategy == "baseline":
+            parts["DDP all-reduce"] = trainable / 1e9 * rates["ddp_s_per_b"]
     return parts
 
 
 def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
-    """Why an estimate is rough: what it rests on that no run measured, or one run measured."""
+    """Why an estimate is rough: a path no run measured, or one run measured (a rate fitted to one run cannot be
+    held out; benchmarks/time_vs_measured.py lists them)."""
     reasons = []
     if gpu not in ("H200", "T4"):
         reasons.append(f"the {gpu} is not measured, its figures are the H200's scaled by datasheet peaks")
@@ -165,23 +188,24 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
         reasons.append("a T4 is measured only on the tutorial's recipe (8-bit LoRA padded to max_length), the rest is "
                        "the H200's host work x1.5, assumed")
     if "nvme" in (cfg.offload_optimizer, cfg.offload_param):
-        reasons.append("NVMe offload is not calibrated, one 1B run took 31 s a step, disk-bound")
+        reasons.append("NVMe offload is measured once, one 1B run took 31 s a step, disk-bound")
     if cfg.torch_compile and cfg.deepcompile and cfg.strategy == "zero3":
         reasons.append("DeepCompile is measured once")
-    if cfg.quantization == "8bit" and cfg.dtype != "fp16":
-        reasons.append("8-bit weights are calibrated in fp16, in bf16 they measured 1.6-6x this")
-    elif cfg.quantization == "8bit" and cfg.padding in ("longest", "bucket") and gpu == "H200":
-        reasons.append("8-bit weights are calibrated on rows padded to max_length; padded per batch, notebook 01's "
-                       "runs under colab_t4 measured 1.4-2.1x this")
+    if deepspeed_step(cfg, world):
+        reasons.append("DeepSpeed's own compiled ZeRO-1/2 step is measured once")
+    if cfg.torch_compile and cfg.strategy == "baseline" and cfg.lora_r == 0:
+        reasons.append("compiled full fine-tuning without DeepSpeed is measured once, by code since changed")
+    if cfg.quantization == "8bit" and cfg.padding == "bucket":
+        reasons.append("8-bit weights padded to bucket are not measured (each batch's own length and 512 are)")
     if world > 2:
         reasons.append("more than two GPUs are not measured")
     elif world > 1 and cfg.strategy == "baseline":
-        reasons.append("DDP is measured once, at 4.5x this")
+        reasons.append("DDP is measured once")
     return reasons
 
 
 def time_estimate(cfg: RunConfig, lengths: list[int], config, trainable: int, world: int, gpu: str,
-                  samples: int | None = None) -> dict:
+                  samples: int | None = None, rates: dict = RATES) -> dict:
     """The run's expected seconds on `gpu` (a class of GPUS) with `world` GPUs: per step (and its parts), training,
     the held-out answers (before and after), loading and compiling, in all; the tokens a micro-batch computes and how
     much of them is padding; and why the estimate is rough, if it is."""
@@ -189,7 +213,7 @@ def time_estimate(cfg: RunConfig, lengths: list[int], config, trainable: int, wo
     steps = steps_of(cfg, samples, world)
     tokens = micro_batch_tokens(cfg, lengths)
     real = min(tokens, cfg.batch_size * sum(lengths) / len(lengths)) if cfg.padding != "filled" else tokens * 0.98
-    parts = step_parts(cfg, config, trainable, tokens, world, gpu)
+    parts = step_parts(cfg, config, trainable, tokens, world, gpu, rates)
     step = sum(parts.values())
     questions = cfg.eval_samples * (2 if cfg.prompt in ("eos", "tutorial", "chat") else 1)
     answers = 2 * math.ceil(questions / 32) * 32 * ANSWER_STEP.get(gpu, ANSWER_STEP["H200"] *
@@ -199,8 +223,8 @@ def time_estimate(cfg: RunConfig, lengths: list[int], config, trainable: int, wo
         load += trainable / 1e9 * OFFLOAD_SETUP_S_PER_B
     compiling = (DEEPCOMPILE_SECONDS if cfg.deepcompile and cfg.strategy == "zero3" else COMPILE_SECONDS) * \
         HOST_FACTOR.get(gpu, 1.0) if cfg.torch_compile else 0.0
-    source = "dsnb's compiled loop on the H200 (per-layer floor, 45% of the GPU's peak)" if cfg.torch_compile else \
-        "the HF Trainer on the H200 (per-layer floor, the weights trained and moved)"
+    source = (f"dsnb's compiled loop on the H200 (per-layer floor, {rates['mfu']:.0%} of the GPU's peak)"
+              if cfg.torch_compile else "the HF Trainer on the H200 (per-layer floor, the weights trained and moved)")
     source += {"H200": "", "T4": " and the tutorial's T4 runs"}.get(gpu, ", scaled by datasheet peaks")
     return {"gpu": gpu, "steps": steps, "step_seconds": step,
             "train_seconds": steps * step, "answer_seconds": answers, "load_seconds": load,
@@ -220,24 +244,31 @@ def pair_estimate(cfg: RunConfig, lengths: list[int], config, trainable: int, wo
                                for c in tutorial_pair(cfg))
 
 
-# Settings that shorten the pair without changing what it compares (the closed-book prompt is shorter, but it asks
-# another task, and its own lengths would be needed to estimate it).
-FASTER = (("padding", "longest", "per-batch padding (the same loss: padding is masked)"),
-          ("max_steps", 100, "100 steps"))
+# Settings that shorten the pair without changing what it compares, each with two committed runs that bear it out:
+# (changes, what, the run with the setting, the run without: each (its listing or results file, as
+# benchmarks/time_vs_measured.py names them; its run), one path, the setting changed; tests/test_timing.py checks
+# them). Per-batch padding is none of them: with 8-bit weights the H200 measured it slower a step than padding to 512
+# (notebook01.jsonl against colab.jsonl), and no T4 measured it. (The closed-book prompt is shorter, but it asks
+# another task.)
+FASTER = (({"batch_size": 8, "grad_accum": 1}, "one micro-batch of 8 a step instead of 2 x 4, the same samples a step",
+           ("capacity.jsonl", "llama-3.2-3b lora_8bit"), ("notebook01.jsonl", "Without_DeepSpeed")),
+          ({"max_steps": 100}, "100 steps, each as long",
+           ("bench.jsonl", "tutorial"), ("tutorial_pair_h200.md", "Without_DeepSpeed")))
 
 
 def faster_settings(cfg: RunConfig, lengths: list[int], config, trainable: int, world: int, gpu: str) -> list[str]:
-    """Settings that make the pair shorter on this GPU, each with the pair's estimate under it."""
-    out = []
-    for name, value, what in FASTER:
-        if getattr(cfg, name) == value or (name == "max_steps" and 0 < cfg.max_steps <= value):
+    """Settings that make the pair shorter on this GPU by the estimate, each with the pair's estimate under it."""
+    now, out = pair_estimate(cfg, lengths, config, trainable, world, gpu), []
+    for changes, what, _, _ in FASTER:
+        if all(getattr(cfg, k) == v for k, v in changes.items()) or 0 < cfg.max_steps <= changes.get("max_steps", 0):
             continue
         try:
-            faster = cfg.replace(**{name: value})
-        except ValueError:  # a combination that cannot run (compiled with per-batch shapes, say)
+            faster = cfg.replace(**changes)
+        except ValueError:  # a combination that cannot run
             continue
         seconds = pair_estimate(faster, lengths, config, trainable, world, gpu)
-        out.append(f"{name} {value} ({what}): about {minutes(seconds)}")
+        if seconds < now:
+            out.append(f"{' '.join(f'{k} {v}' for k, v in changes.items())} ({what}): about {minutes(seconds)}")
     return out
 
 

@@ -1,7 +1,7 @@
-"""dsnb/timing.py's estimate of a run's time: the tutorial's own T4 runs, the committed H200 runs (in and out of
-sample, through benchmarks/time_vs_measured.py), the "rough" label where nothing measured the path, and that more work
-never estimates less time. The model shape is the synthetic Llama-3.2-3B's (the tutorial's Bllossom 3B has the same
-dimensions), without building it."""
+"""dsnb/timing.py's estimate of a run's time: the tutorial's own T4 runs, the committed H200 runs (each held out by
+path, through benchmarks/time_vs_measured.py, whose fit gives the rates), the "rough" label where one run or none
+measured the path, the faster settings the plan offers, and that more work never estimates less time. The model shape
+is the synthetic Llama-3.2-3B's (the tutorial's Bllossom 3B has the same dimensions), without building it."""
 import os
 import statistics
 import sys
@@ -12,7 +12,7 @@ import pytest
 from dsnb.config import RunConfig
 from dsnb.estimate import trainable_params
 from dsnb.model import SHAPES
-from dsnb.timing import GPUS, describe_time, time_estimate
+from dsnb.timing import FASTER, GPUS, RATES, describe_time, faster_settings, minutes, pair_estimate, time_estimate
 
 B3 = SimpleNamespace(**SHAPES["llama-3.2-3b"])
 B8 = SimpleNamespace(**SHAPES["llama-3.1-8b"])
@@ -45,50 +45,123 @@ def comparison():
         import time_vs_measured
     finally:
         sys.path.remove(BENCHMARKS)
-    return time_vs_measured, time_vs_measured.compare()[0]
+    rows, fitted, _ = time_vs_measured.compare()
+    return time_vs_measured, rows, fitted
 
 
-def test_the_estimate_keeps_its_floor_against_every_committed_h200_run(comparison):
-    """Over benchmarks/results/h200_runs and the results files, estimated against measured seconds per step. The
-    floors are what the model meets now (out of sample: 50 of 58 within 2x, median error 17%); a model that loses a
-    term (ZeRO-3's fetch, the offloaded optimizer, the per-layer floor) falls below them."""
-    _, rows = comparison
-    ratios = {True: [], False: []}
-    for row in rows:
-        ratios[row["in_sample"]].append(row["estimate"]["step_seconds"] / row["step"])
-    outside, inside = ratios[False], ratios[True]
-    assert len(outside) >= 55 and len(inside) >= 30, (len(outside), len(inside))  # no run quietly dropped
-    assert sum(0.5 <= r <= 2 for r in outside) >= 48, sorted(outside)
-    assert statistics.median(abs(r - 1) for r in outside) <= 0.25
-    assert sum(abs(r - 1) <= 0.25 for r in inside) >= 28, sorted(inside)
+# The committed runs still more than 25% off when held out, each with why (time_vs_measured_h200.md says more): a
+# change that puts another run outside 25% fails; one that brings a run inside may drop it from here.
+MISSES = {
+    ("zero_flat_full.jsonl", "full_flat"): "full fine-tuning's update rate rests on five runs that differ by 3x",
+    ("multi_gpu.jsonl", "llama-3.2-3b zero2_1gpu"): "the same, and one-GPU cells ran in pairs",
+    ("capacity.jsonl", "llama-3.2-1b lora_8bit"): "the 1B cell took longer than the 3B's (0.708 s against 0.409)",
+    ("capacity.jsonl", "llama-3.2-1b lora_bf16"): "the 1B cells' host work a layer is 1.3-1.4x the 3B's",
+    ("graphscheck.jsonl", "plain_ga2_nographs"): "the path's two runs differ by 1.37x",
+    ("graphscheck.jsonl", "z2_ga2_flat_nographs"): "the same",
+    ("scale_8b.jsonl", "llama-3.1-8b zero3_1gpu"): "ZeRO-3's fetch took 17 ms a layer on 8B, 27-31 on 3B",
+    ("scale_8b_b16.jsonl", "llama-3.1-8b zero3_1gpu"): "the same",
+    ("scale_8b.jsonl", "llama-3.1-8b zero3_offload_1gpu"): "6.66 s on one GPU where two took 4.43 s each",
+    ("big.jsonl", "8b_lora_zero3_offload_15gb"): "the 15 GB cap's smaller live-parameter window, not modelled",
+    ("capacity_15gb_h200.md", "full_zero2_opt-cpu"): "ZeRO-2 offload in a 15 GB cap: the cap's buckets, not modelled",
+}
+
+
+def test_every_committed_gpu_run_is_predicted_held_out_by_path(comparison):
+    """Each committed H200 run of today's code predicted with the rates fitted without it (its path's rate from the
+    path's other runs, every other rate from the other paths'): the median within 10%, every run within 25% but the
+    listed misses; none dropped quietly (superseded and slowed runs are listed apart, with why)."""
+    module, rows, _ = comparison
+    target = module.held_out(rows)
+    assert len(rows) >= 100 and len(target) >= 80, (len(rows), len(target))
+    errors = {(r["source"], r["variant"]): module.error(r) for r in target}
+    assert statistics.median(abs(e) for e in errors.values()) <= 0.10
+    outside = {key: f"{e:+.0%}" for key, e in errors.items() if abs(e) > 0.25}
+    assert set(outside) <= set(MISSES), {k: v for k, v in outside.items() if k not in MISSES}
+    # the Colab user's path and the tutorial's own recipe, held out, within 25%
+    for key in (("notebook01.jsonl", "Without_DeepSpeed"), ("notebook01.jsonl", "With_DeepSpeed"),
+                ("colab.jsonl", "Without_DeepSpeed"), ("colab.jsonl", "With_DeepSpeed"), ("bench.jsonl", "tutorial")):
+        assert abs(errors[key]) <= 0.25, (key, errors[key])
+    slowed = {(r["source"], r["variant"]) for r in rows if r["slowed"]}
+    assert slowed == {("speed.jsonl", "tutorial"), ("speed.jsonl", "full"), ("multi_gpu.jsonl", "llama-3.2-3b "
+                      "baseline_1gpu"), ("multi_gpu.jsonl", "llama-3.2-3b zero1_1gpu"),
+                      ("capacity_zero3.jsonl", "llama-3.2-1b lora_zero3_offload")}, slowed
+
+
+def test_the_rates_are_what_the_committed_runs_fit(comparison):
+    """dsnb/timing.py's RATES are the fit over the committed runs (to 3 significant figures): a new run or a changed
+    model refits them (benchmarks/time_vs_measured.py's first table gives them); every rate but the fused update's
+    has a run of today's code."""
+    _, _, (rates, used) = comparison
+    assert set(rates) == set(RATES)
+    off = {k: (RATES[k], f"{v:.3g}") for k, v in rates.items() if abs(v / RATES[k] - 1) > 0.005}
+    assert not off, off
+    assert all(used[k] for k in RATES if k != "update_fused"), [k for k in RATES if not used[k]]
+
+
+def test_a_path_of_one_run_says_rough(comparison):
+    """A rate fitted to one run cannot be held out: the estimate of that run's path says rough (but for the tutorial's
+    own T4 recipe, the T4's only measured path, which is that run itself)."""
+    _, rows, (_, used) = comparison
+    alone = [rs[0] for rs in used.values() if len(rs) == 1]
+    assert len(alone) >= 4
+    for row in alone:
+        assert bool(row["estimate"]["rough"]) == (row["gpu"] != "T4"), (row["variant"], row["estimate"]["rough"])
 
 
 def test_the_committed_comparison_states_the_current_figures(comparison):
     """benchmarks/results/time_vs_measured_h200.md says what the model does now: rerun
     python benchmarks/time_vs_measured.py > benchmarks/results/time_vs_measured_h200.md after changing the model."""
-    module, rows = comparison
-    outside = [module.ratio(r) for r in rows if not r["in_sample"]]
-    inside = [module.ratio(r) for r in rows if r["in_sample"]]
+    module, rows, _ = comparison
     text = open(os.path.join(BENCHMARKS, "results", "time_vs_measured_h200.md")).read()
-    assert module.stats("Seconds per step, out of sample (no constant calibrated on it)", outside) in text
-    assert module.stats("Seconds per step, in sample (a constant was calibrated on the run)", inside) in text
+    assert module.stats(module.HELD_OUT, module.held_out(rows)) in text
+
+
+def test_faster_settings_are_faster_by_the_estimate_and_by_the_committed_runs(comparison):
+    """Where the pair takes over an hour (colab_t4's on a T4: about one), the plan offers settings with the pair's time
+    under each: each one the estimate puts below the pair's time now, and each borne out by its two committed runs
+    (one path, the setting changed: the step with it shorter for the same samples a step, or as long whatever the
+    count of steps)."""
+    module, rows, _ = comparison
+    cfg = RunConfig.layered({"preset": "colab_t4", "max_steps": 0, "epochs": 5, "num_samples": 1000})
+    trainable = trainable_params(cfg, B3)
+    now = pair_estimate(cfg, LENGTHS, B3, trainable, 1, "T4")
+    offered = faster_settings(cfg, LENGTHS, B3, trainable, 1, "T4")
+    assert len(offered) == len(FASTER), offered
+    step = {(r["source"], r["variant"]): r for r in rows}
+    for (changes, _, with_it, without), line in zip(FASTER, offered, strict=True):
+        seconds = pair_estimate(cfg.replace(**changes), LENGTHS, B3, trainable, 1, "T4")
+        assert seconds < now and line.endswith(f"about {minutes(seconds)}"), (line, seconds, now)
+        faster, slower = step[with_it], step[without]
+        assert not (faster["slowed"] or slower["slowed"] or faster["superseded"] or slower["superseded"])
+        assert faster["calibrates"] == slower["calibrates"], (with_it, without)  # one path
+        if "max_steps" in changes:
+            assert faster["cfg"].max_steps < slower["cfg"].max_steps and faster["step"] < 1.1 * slower["step"]
+        else:
+            assert faster["cfg"].samples_per_step() == slower["cfg"].samples_per_step()
+            assert faster["step"] < slower["step"], (faster["step"], slower["step"])
+    # per-batch padding is not offered: the H200 measured it slower a step than 512 with 8-bit weights, and no T4 did
+    tutorial = cfg.replace(padding="max_length")
+    assert not any(line.startswith("padding") for line in faster_settings(tutorial, LENGTHS, B3, trainable, 1, "T4"))
 
 
 @pytest.mark.parametrize("gpu, fields, why", [
     ("H200", dict(strategy="zero3", offload_optimizer="nvme", offload_param="nvme", quantization="none",
-                  dtype="bf16"), "NVMe offload is not calibrated"),
+                  dtype="bf16"), "NVMe offload is measured once"),
     ("L4", dict(quantization="none", dtype="bf16"), "the L4 is not measured"),
     ("A100", dict(), "the A100 is not measured"),
     ("T4", dict(quantization="none", padding="longest"), "a T4 is measured only on the tutorial's recipe"),
     ("H200", dict(quantization="none", dtype="bf16", torch_compile=True, strategy="zero3", deepcompile=True,
                   padding="bucket"), "DeepCompile is measured once"),
-    ("H200", dict(padding="longest"), "8-bit weights are calibrated on rows padded to max_length"),  # colab_t4's
+    ("H200", dict(padding="bucket"), "8-bit weights padded to bucket are not measured"),
+    ("H200", dict(quantization="none", dtype="fp16", torch_compile=True, strategy="zero2", padding="bucket"),
+     "DeepSpeed's own compiled ZeRO-1/2 step is measured once"),
 ])
 def test_a_path_no_run_calibrates_is_labelled_rough_in_the_line_the_user_reads(gpu, fields, why):
     line = describe_time(estimate(gpu, **fields))
     assert line.startswith(f"time on {gpu} (rough: ") and why in line, line
     assert describe_time(estimate("H200", quantization="none", dtype="bf16")).startswith("time on H200: about ")
     assert describe_time(estimate("H200")).startswith("time on H200: about ")  # the tutorial's 8-bit recipe, pad 512
+    assert describe_time(estimate("H200", padding="longest")).startswith("time on H200: about ")  # colab_t4's
 
 
 CONFIGS = [dict(quantization="8bit"), dict(quantization="none", dtype="bf16", lora_r=0),
