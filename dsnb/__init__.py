@@ -21,7 +21,8 @@ import logging
 for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
-from .compare import compare  # noqa: E402  eagerly (it imports nothing heavy): the module of the same name would shadow it
+from .advise import advise  # noqa: E402  eagerly (neither imports anything heavy): the module of the same name would
+from .compare import compare  # noqa: E402  shadow the function once any code imported it
 
 # Each name's module, imported on first use: `import dsnb` then costs nothing, and what reads a store (notebook 03,
 # the setup cell's own installer) runs where torch, DeepSpeed or peft are not installed.
@@ -34,9 +35,9 @@ _WHERE = {
     "save_model": "publish", "load_saved": "publish", "push_to_hub": "publish", "keep": "publish", "ask": "publish",
     "model_to_ask": "publish", "hub_token": "publish", "RunResult": "tracking", "export_store": "tracking",
     "download_store": "tracking", "open_store": "tracking", "ui_command": "tracking", "show_ui": "tracking",
-    "run_capacity": "capacity", "advise": "advise",
+    "run_capacity": "capacity",
 }
-__all__ = ["compare", *_WHERE]
+__all__ = ["advise", "compare", *_WHERE]
 
 
 def __getattr__(name: str):

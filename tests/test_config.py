@@ -130,7 +130,7 @@ def test_every_shipped_variant_file_loads_and_names_its_command(path):
     (dict(lora_targets="q_proj,,v_proj"), "lora_targets is 'q_proj,,v_proj'"),
     (dict(experiment=" "), "experiment is empty"),
     (dict(run_name="a\nb"), "run_name holds a character that cannot be printed ('\\n')"),
-    (dict(preset="t4"), "preset is 't4'; use one of colab_t4, quality"),
+    (dict(preset="t4"), "preset is 't4'; use one of colab_t4, kaggle_t4x2, quality"),
     (dict(warmup_steps=3), "warmup_steps is now untimed_steps"),
     (dict(ds_config="x.json"), "ds_config is now ds_config_path"),
 ])
