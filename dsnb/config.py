@@ -169,8 +169,11 @@ class RunConfig:
     strategy baseline (under ZeRO it has not been measured on a GPU, and inductor's masks stay)."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training and scored (exact match, F1): drawn with a fixed
-    seed from the whole validation split (offline: synthetic questions no training row holds), the same for every
-    variant; with a closed-book prompt as many trained questions too (recall); 0 skips it."""
+    seed from the whole validation split (offline: synthetic questions no training row holds; a file: its rows after
+    the training ones), the same for every variant; a question that cannot be answered (its answer not in its passage,
+    or cut off by max_length's window) or whose passage a training row shares is left out and the next of the draw
+    asked instead (the run's params count them); with a closed-book prompt as many trained questions too (recall); 0
+    skips it."""
     scoring: str = "auto"
     """How answers are scored: squad (SQuAD v1.1's normalization, F1 over words), korquad (KorQuAD 1.0's: brackets and
     quotes dropped, F1 over characters, so 서울에 against 서울 earns partial credit), or auto: one of them for the whole

@@ -26,7 +26,7 @@ NO_RATIO = {"host_other_cores"}  # the machine's load while a run was timed: a c
 ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
 EFFECT, POWER = 0.10, 0.80  # the held-out difference whose detection rate (power) is stated beside the test's verdict,
 # and the rate at which the number of questions that would detect it is given
-FINGERPRINTS = ("eval_set", "data_fingerprint", "train_math")  # params of content that same_work compares too
+FINGERPRINTS = ("eval_set", "data_fingerprint", "train_math", "scoring_mode")  # what same_work compares too
 BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (at least, and share of the machine's)
 # and the hypervisor's share above which a run's speed is called unreliable
 
@@ -112,8 +112,10 @@ def compare_table(runs: list[RunResult]):
 
 
 def eval_tasks(loaded: list) -> str:
-    """What the runs' held-out scores measure (their eval_task), as a label."""
-    return " / ".join(sorted({r.data.params.get("eval_task", "held-out") for r in loaded}))
+    """What the runs' held-out scores measure (their eval_task) and how they were scored (scoring_mode: F1 over words
+    or characters, never the two averaged), as a label."""
+    return " / ".join(sorted({r.data.params.get("eval_task", "held-out") + (
+        f"; {r.data.params['scoring_mode']} scoring" if "scoring_mode" in r.data.params else "") for r in loaded}))
 
 
 def _ratio(a: tuple, b: tuple, runs: int) -> str:
