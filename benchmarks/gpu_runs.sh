@@ -6,6 +6,10 @@
 #                                                    # profiled step (REPEATS=2 HINTS=0 PROFILE=0 ROWS=16: 2
 #                                                    # repeats, no perf-hints or profiled run, 16 rows a step;
 #                                                    # the bench's: 12 rows of 1024 tokens)
+#   OUT=out bash benchmarks/gpu_runs.sh fp8          # fp8 base weights (quantization fp8) against bf16 ones: the
+#                                                    # throughput mode from cold compile caches, REPEATS (2) of each,
+#                                                    # then the closed-book fast recipe; PARTS=throughput or
+#                                                    # PARTS=fast runs one half (two calls, where one runs short)
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
@@ -100,6 +104,29 @@ throughput)  # the throughput mode alone, each repeat a fresh process with a col
     --tracking_uri "$DB" --run_name perf_hints > "$OUT/throughput_perf_hints.log" 2>&1
   grep -i "cudagraph" "$OUT/throughput_perf_hints.log" | sort | uniq -c | head -20
   dump throughput
+  ;;
+fp8)  # FP8 frozen base weights (dsnb/fp8.py) against bf16 weights, side by side, one run at a time: the throughput mode,
+  # each repeat a fresh process with a cold compile cache, bf16 and fp8 alternating; then the fast recipe on the
+  # closed-book prompt (fast_compiled, --prompt eos) in each. Every run logs its loss at every step: the listing's loss
+  # curves compare the two over the same steps and batches
+  prebuild synthetic:llama-3.2-3b
+  fp8_run() { local name=$1 weights=$2 limit=$3; shift 3
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_$name timeout "$limit" python3 -m dsnb run "$@" --quantization "$weights" \
+      --tracking_uri "$DB" --experiment dsnb_fp8 --run_name "$name" > "$OUT/$name.log" 2>&1
+    echo "$name exit $?: $(grep -E '^  speed' "$OUT/$name.log")"; }
+  if [[ "${PARTS:-throughput fast}" == *throughput* ]]; then
+    for rep in $(seq "${REPEATS:-2}"); do
+      for weights in none fp8; do
+        fp8_run "throughput_${weights/none/bf16}_cold$rep" "$weights" 170 $(bench_flags throughput_compiled 8 12)
+      done
+    done
+  fi
+  if [[ "${PARTS:-throughput fast}" == *fast* ]]; then
+    for weights in none fp8; do
+      fp8_run "fast_eos_${weights/none/bf16}" "$weights" 140 $(bench_flags fast_compiled 8 24) --prompt eos
+    done
+  fi
+  dump fp8
   ;;
 multi)
   prebuild synthetic:llama-3.2-3b
@@ -365,7 +392,7 @@ t4pad)  # why 8-bit weights padded per batch took longer a step than padded to 5
   dump t4pad
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|throughput|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
   exit 2
   ;;
 esac

@@ -21,7 +21,7 @@ import yaml
 
 STRATEGIES = ("baseline", "zero0", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "cpu", "nvme")
-QUANTIZATIONS = ("none", "8bit", "4bit")
+QUANTIZATIONS = ("none", "8bit", "4bit", "fp8")
 DTYPES = ("fp32", "bf16", "fp16")
 PADDINGS = ("max_length", "longest", "bucket", "packed", "filled")
 ATTENTIONS = ("sdpa", "flex")
@@ -95,7 +95,9 @@ class RunConfig:
     model: str = "Bllossom/llama-3.2-Korean-Bllossom-3B"
     """Hub id, local directory, or synthetic:<shape> (tiny, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b)."""
     quantization: str = "8bit"
-    """Base-weight storage: none | 8bit | 4bit (bitsandbytes; 4bit is QLoRA's NF4)."""
+    """Base-weight storage: none | 8bit | 4bit (bitsandbytes; 4bit is QLoRA's NF4) | fp8: LoRA's frozen Linear weights
+    in float8 (e4m3, a scale per output row; dsnb/fp8.py), their matmuls in fp8 forward and backward; fp8 needs LoRA,
+    dtype bf16, a GPU of compute capability 8.9 or more (L4, RTX 40xx, H100, H200) and no ZeRO-3."""
     dtype: str = "fp16"
     """Compute precision: fp32 | bf16 | fp16 (fp16 needs a GPU)."""
     lora_r: int = 16
@@ -142,7 +144,7 @@ class RunConfig:
     """Micro-batches accumulated per optimizer step."""
     torch_compile: bool = False
     """Train with dsnb's own loop under torch.compile (CUDA graphs on a GPU) instead of the HF Trainer's step, with or
-    without DeepSpeed (its engine compiled); needs quantization none and padding bucket, packed, filled or
+    without DeepSpeed (its engine compiled); needs quantization none or fp8 and padding bucket, packed, filled or
     max_length."""
     cuda_graphs: bool = True
     """Compiled steps on a GPU replay as CUDA graphs where that is safe (see dsnb/loop.py); false compiles them without
@@ -329,8 +331,7 @@ class RunConfig:
         if self.offload_optimizer == "nvme" and stage != 3:
             fail("offload_optimizer", "nvme needs strategy zero3 (below it DeepSpeed quietly uses the CPU); "
                                       "use cpu or zero3")
-        if self.quantization == "8bit" and stage == 3:
-            fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
+        self._check_quantization()
         if self.torch_compile:
             self._check_compile()
         self._check_switches()
@@ -339,6 +340,18 @@ class RunConfig:
         if self.quantization != "none" and self.lora_r == 0:
             fail("quantization", f"{self.quantization} weights cannot be trained directly; "
                                  "set lora_r > 0 (LoRA) or quantization none")
+
+    def _check_quantization(self):
+        if self.quantization == "8bit" and self.zero_stage == 3:
+            fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
+        if self.quantization != "fp8":
+            return
+        if self.zero_stage == 3:  # ZeRO-3 loads each weight into its partition; fp8 layers are made of whole weights
+            fail("quantization", "fp8 weights are not partitioned by ZeRO-3; use strategy zero2 (or zero1), or "
+                                 "quantization none")
+        if self.dtype != "bf16":
+            fail("quantization", f"fp8 computes in bf16 (its matmuls give bf16), not {self.dtype}; set dtype bf16 "
+                                 "(on a GPU without FP8, such as a T4: quantization 8bit, 4bit or none)")
 
     def _check_flex(self):
         if self.padding not in ("packed", "filled") or not self.torch_compile:
@@ -369,7 +382,8 @@ class RunConfig:
     def _check_compile(self):
         fixed = ("bucket", "packed", "filled", "max_length")
         for name, ok, hint in (
-                ("quantization", self.quantization == "none", "none (bitsandbytes kernels break the graph)"),
+                ("quantization", self.quantization in ("none", "fp8"), "none or fp8 (bitsandbytes kernels break the "
+                                                                       "graph)"),
                 ("padding", self.padding in fixed, "bucket, packed, filled or max_length (fixed shapes)"),
                 ("checkpoint_steps", not self.checkpoint_steps, "0 (the compiled loop keeps no checkpoints)"),
                 ("num_gpus", self.num_gpus == 1 or self.zero_stage is not None,

@@ -276,6 +276,10 @@ def load_base(cfg: RunConfig, device: str, path: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
+    if cfg.quantization == "fp8":
+        from . import fp8  # deferred: it loads torch at import, and only an fp8 run needs it
+
+        fp8.check_device(device)
     dtype = getattr(torch, TORCH_DTYPES[cfg.dtype])
     if cfg.lora_r == 0 and cfg.dtype == "fp16":
         dtype = torch.float32  # fp16 AMP cannot unscale fp16 gradients: full fine-tuning keeps fp32 masters
@@ -301,6 +305,8 @@ def load_base(cfg: RunConfig, device: str, path: str | None = None):
     except OSError as e:
         raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)})") from None
     model.config.use_cache = False
+    if cfg.quantization == "fp8":  # loaded in bf16, then each frozen Linear's weight to fp8, one layer at a time
+        fp8.quantize_linears(model)
     if cfg.quantization == "4bit" and device == "cpu":
         unpacked_4bit_on_cpu(model)
     return model

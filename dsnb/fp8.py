@@ -1,0 +1,124 @@
+"""FP8 frozen base weights (`quantization fp8`): the frozen Linear weights under LoRA in float8, one byte a weight.
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map={"": "cuda:0"})
+    check_device("cuda:0")      # a GPU with FP8 matmuls (compute capability 8.9 or more), else a ConfigError
+    quantize_linears(model)     # each Linear but the LM head becomes an Fp8Linear; peft wraps them in LoRA as usual
+
+What is stored: float8 e4m3 (torch.float8_e4m3fn) with a power-of-two scale for each output row of a weight. Rows,
+not one scale a tensor: torch._scaled_mm scales rows of both operands or of neither, and activations need rows (one
+token far larger than the rest, as Llama's first token is, would push every other token's values toward fp8's
+smallest under one scale). Powers of two: multiplying by one is exact, and so is casting one to bf16. The fp8 bytes
+are kept as uint8: a module cast (model.to(dtype), .bfloat16(), as older DeepSpeed releases applied to a bf16 model)
+converts every floating-point tensor, float8 included, and leaves integer ones alone.
+
+The math, through torch._scaled_mm (fp8 operands, fp32 accumulation, bf16 out), with W = diag(s_w) W8:
+  forward   y  = x W^T = (s_x x8) W8^T s_w^T     x8, s_x: x quantized per token at each call (dynamic)
+  backward  dx = dy W  = s_g g8 W8                g8, s_g: (dy s_w^T) quantized per token
+and no gradient for W (frozen). _scaled_mm on CUDA takes its first operand row-major and its second column-major: W8
+as stored (out x in, row-major) is the forward's second operand as it is, and the backward's only transposed. So the
+backward copies each layer's W8 transposed while it runs, one byte a weight of one layer at a time (25 MB for the 3B
+shape's largest), and then drops it. The alternatives: dequantizing W to bf16 for a bf16 matmul takes two bytes a
+weight of a layer and runs that half of the frozen layers' matmuls at bf16's rate (the backward's is as large as the
+forward's); keeping a transposed copy takes a second byte a weight for the whole run, bf16's memory. On an H200, the
+3B shape's layers forward and backward: 6.10 ms a layer so, 6.92 dequantized, 8.23 in bf16 (docs/speed.md).
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import ConfigError
+
+E4M3_MAX = 448.0  # the largest float8_e4m3fn value
+FP8_CAPABILITY = (8, 9)  # Ada (L4, RTX 40xx) and later: Hopper (H100, H200), Blackwell
+ALIGN = 16  # _scaled_mm on CUDA takes operands whose widths are multiples of 16
+GPUS = "L4, RTX 40xx, H100, H200"
+
+
+def refusal(device: str, name: str = "", capability: tuple = (0, 0)) -> str | None:
+    """Why fp8 weights cannot train on `device` (a GPU called `name` of compute `capability`), or None where they can.
+    Without FP8 matmuls _scaled_mm is emulated (the CPU: 6-11x slower than a bf16 matmul) or missing (a T4, an A100)."""
+    if not device.startswith("cuda"):
+        return (f"quantization fp8 needs a GPU with FP8 matmuls (compute capability 8.9 or more: {GPUS}); on the CPU "
+                "they are emulated, slower than bf16; use quantization none")
+    if tuple(capability) < FP8_CAPABILITY:
+        return (f"quantization fp8 needs FP8 matmuls (compute capability 8.9 or more: {GPUS}) and {name} has "
+                f"{capability[0]}.{capability[1]}; use quantization 8bit or 4bit for 8-bit memory, or none")
+    return None
+
+
+def check_device(device: str) -> None:
+    """A ConfigError where `device` has no FP8 matmuls (see refusal)."""
+    on_gpu = device.startswith("cuda")
+    why = refusal(device, torch.cuda.get_device_name(device) if on_gpu else "",
+                  torch.cuda.get_device_capability(device) if on_gpu else (0, 0))
+    if why:
+        raise ConfigError(why)
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t8, scale): t in float8 e4m3 and a power-of-two fp32 scale per row (over its last dimension); t ~ t8 * scale."""
+    amax = t.detach().abs().amax(dim=-1, keepdim=True).float().clamp(min=2**-100)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
+    # in t's own dtype: dividing by a power of two is exact in bf16 too, and an uncompiled step makes no fp32 copy
+    return (t / scale.to(t.dtype)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def matmul(a: torch.Tensor, b8_t: torch.Tensor, b_scale: torch.Tensor, out_dtype) -> torch.Tensor:
+    """a (rows x k) times b8_t (k x n, float8, column-major) scaled by b_scale (1 x n): a is quantized per row here."""
+    a8, a_scale = quantize_rows(a)
+    return torch._scaled_mm(a8, b8_t, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype)
+
+
+class Fp8Matmul(torch.autograd.Function):
+    """y = x W^T for a frozen W = diag(w_scale) w8: forward and x's gradient through _scaled_mm (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, w8, w_scale):
+        ctx.save_for_backward(w8, w_scale)
+        y = matmul(x.reshape(-1, x.shape[-1]), w8.t(), w_scale.view(1, -1), x.dtype)
+        return y.view(*x.shape[:-1], w8.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        w8, w_scale = ctx.saved_tensors
+        ones = torch.ones(1, w8.shape[1], device=dy.device, dtype=torch.float32)
+        # w8 transposed into the layout _scaled_mm takes as its second operand, for this layer only (module docstring)
+        dx = matmul(dy.reshape(-1, dy.shape[-1]) * w_scale.view(1, -1).to(dy.dtype), w8.t().contiguous().t(), ones,
+                    dy.dtype)
+        return dx.view(*dy.shape[:-1], w8.shape[1]), None, None
+
+
+class Fp8Linear(torch.nn.Linear):
+    """A frozen Linear whose weight is float8 e4m3 (its bytes, as uint8) with a power-of-two scale per output row.
+
+    A Linear to peft, which wraps it in LoRA as it wraps the bf16 one: it makes the adapters in compute_dtype (as for
+    bitsandbytes' layers), so a seed draws the same initial adapters as in a bf16 run."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        torch.nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.compute_dtype = linear.weight.dtype
+        w8, scale = quantize_rows(linear.weight)
+        self.weight = torch.nn.Parameter(w8.view(torch.uint8), requires_grad=False)
+        self.register_buffer("scale", scale.view(-1))
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = Fp8Matmul.apply(x.to(self.compute_dtype), self.weight.view(torch.float8_e4m3fn), self.scale.float())
+        return y if self.bias is None else y + self.bias
+
+
+def quantize_linears(model: torch.nn.Module) -> int:
+    """Each Linear of model (before LoRA wraps it) becomes an Fp8Linear, in place; returns how many.
+
+    Kept in the model's precision: the LM head (the logits; Llama 3.2's is the input embedding itself) and any Linear
+    with a width that is not a multiple of 16, which _scaled_mm does not take on CUDA (no layer of the Llama shapes
+    dsnb knows; synthetic:tiny's 172-wide MLP). One layer at a time, so its bf16 weight is freed as it goes."""
+    head = model.get_output_embeddings()
+    names = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear and m is not head
+             and m.in_features % ALIGN == 0 and m.out_features % ALIGN == 0]
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, Fp8Linear(getattr(owner, child)))
+    return len(names)
