@@ -119,6 +119,8 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     if cfg.deepcompile and cfg.torch_compile and cfg.zero_stage == 3:
         backward += trainable * 2  # DeepCompile: measured once (3B full, 6.6 GB above this count), not understood
     gpu = max(backward, step) + ALLOCATOR_FLOOR_MB * MB
+    if cfg.quantization == "fp8":  # loaded whole in bf16, then each Linear turned to fp8 (dsnb/fp8.py)
+        gpu = max(gpu, total_params(config) * 2)
     if cfg.zero_stage in (1, 2):  # at start, ZeRO-1/2 copies the trainable weights into one flat buffer while they
         gpu = max(gpu, weights + trainable * trainable_bytes(cfg, load_bytes))  # exist (before any matmul's workspace)
     host = host_ram_mb(cfg, config, trainable, world_size, on_gpu=on_gpu) + (0 if on_gpu else gpu / MB)
@@ -254,7 +256,8 @@ def weight_bytes(cfg: RunConfig, config, trainable: int) -> tuple[float, int]:
     full = cfg.lora_r == 0
     load_bytes = 4 if cfg.dtype == "fp32" or (full and cfg.dtype == "fp16") else 2
     linear, total = linear_params(config), total_params(config)
-    per_linear = {"none": load_bytes, "8bit": 1.0, "4bit": 0.53}[cfg.quantization]
+    # fp8: a byte a weight and 4 bytes a row of scales (dsnb/fp8.py; 3 MB on the 3B shape, left out)
+    per_linear = {"none": load_bytes, "8bit": 1.0, "4bit": 0.53, "fp8": 1.0}[cfg.quantization]
     weights = linear * per_linear + (total - linear) * (load_bytes if cfg.quantization == "none" else 2)
     return (weights if full else weights + trainable * 4), load_bytes
 
