@@ -26,6 +26,8 @@ from .tracking import RunResult
 BENCH_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.yaml")
 OFFLINE_MAX_BATCH = 16  # the offline set has 64 samples
 OFFLINE_ROWS = 5  # ... which fill 25 rows of 128 tokens: 5 full batches of filled rows
+BASELINE_NUMBERS = ("ratio_to_tutorial", "samples_per_second", "tokens_per_second")  # what regressions reads of a
+# baseline's rows (each a number or null)
 
 
 def bench_variants(path: str = BENCH_FILE) -> tuple[dict, dict[str, dict]]:

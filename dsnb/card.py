@@ -2,9 +2,10 @@
 
     write_card(folder, cfg, metrics, run_id, kind="adapter")   # train.save and publish.save_model call it
     describe_base(cfg)                                         # the base as a card names it: a hub id, never a path
+    portable_config(cfg)                                       # the config as a saved folder's dsnb_run.json holds it
 
-No local path goes into a card or an adapter's config: a synthetic model is named synthetic:<shape>, a local folder
-by its name alone.
+No local path goes into a card, an adapter's config or dsnb_run.json: a synthetic model is named synthetic:<shape>, a
+local folder or file by its name alone, and where the run was kept is left out.
 """
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import json
 import os
 from importlib import metadata
 
-from .config import RunConfig
+from .config import RunConfig, redact
 from .data import HUB_DATASETS, eval_task
+from .metrics import busy_host
 
 KINDS = {"adapter": "LoRA adapter", "merged": "base model with the LoRA adapter merged in",
          "full": "fully fine-tuned model"}
+KEPT_AT = ("output_dir", "results_folder", "tracking_uri", "nvme_path")  # where this machine kept the run
+SCORING = {"squad": "SQuAD v1.1's normalization, F1 over words", "korquad": "KorQuAD 1.0's, F1 over characters"}
 
 
 def describe_base(cfg: RunConfig) -> str:
@@ -26,9 +30,22 @@ def describe_base(cfg: RunConfig) -> str:
     return os.path.basename(os.path.normpath(cfg.model))
 
 
-def write_card(folder: str, cfg: RunConfig, metrics: dict, run_id: str, kind: str, extra: dict | None = None) -> None:
+def portable_config(cfg: RunConfig) -> dict:
+    """cfg's fields as a saved folder carries them, naming no place on this machine: the model as describe_base names
+    it, a data file, DeepSpeed JSON or profile by its file name, and where the run was kept (KEPT_AT) left out (a
+    RunConfig read back takes their defaults)."""
+    values = {k: v for k, v in cfg.to_dict().items() if k not in KEPT_AT}
+    values["model"] = describe_base(cfg)
+    for name in ("dataset", "ds_config_path", "profile"):
+        values[name] = os.path.basename(values[name])
+    return values
+
+
+def write_card(folder: str, cfg: RunConfig, metrics: dict, run_id: str, kind: str, extra: dict | None = None,
+               scoring: str = "") -> None:
     """README.md (the card) into folder, over PEFT's blank template; an adapter's config names its base as
-    describe_base does (PEFT writes the path it was loaded from: a cache folder for synthetic models)."""
+    describe_base does (PEFT writes the path it was loaded from: a cache folder for synthetic models). scoring: how
+    the run scored its answers (its scoring_mode param), else cfg.scoring."""
     config = os.path.join(folder, "adapter_config.json")
     if os.path.isfile(config):
         with open(config) as f:
@@ -37,10 +54,10 @@ def write_card(folder: str, cfg: RunConfig, metrics: dict, run_id: str, kind: st
         with open(config, "w") as f:
             json.dump(adapter, f, indent=2)
     with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
-        f.write(card(cfg, metrics, run_id, kind, extra or {}))
+        f.write(redact(card(cfg, metrics, run_id, kind, extra or {}, scoring or cfg.scoring)))
 
 
-def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict) -> str:
+def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict, scoring: str) -> str:
     base = describe_base(cfg)
     hub = "/" in base and not cfg.model.startswith("synthetic:") and not os.path.exists(cfg.model)
     front = ["---", *([f"base_model: {base}"] if hub else []),
@@ -58,9 +75,13 @@ def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict) -> str:
             rows.append((label, f"exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> "
                                 f"{m[f'{name}_exact_match']:.2f}, F1 {m.get(f'{name}_f1_before', 0):.2f} -> "
                                 f"{m.get(f'{name}_f1', 0):.2f} on {m.get(f'{name}_questions', 0):.0f} questions"))
+    if "eval_exact_match" in m or "recall_exact_match" in m:
+        rows.append(("scoring", scoring + (f" ({SCORING[scoring]})" if scoring in SCORING else "")))
     if "samples_per_second" in m:
+        busy = busy_host(m)
         rows.append(("speed", f"{m['samples_per_second']:.3g} samples/s, {m.get('tokens_per_second', 0):,.0f} real "
-                              f"tokens/s (steady state), MFU {100 * m.get('mfu', 0):.1f}%"))
+                              f"tokens/s (steady state), MFU {100 * m.get('mfu', 0):.1f}%"
+                     + (f"; timed on a busy machine ({busy}): not this run's speed alone" if busy else "")))
     host = f"host {m.get('peak_cpu_rss_mb', 0) / 1024:.1f} GB"
     rows.append(("memory", f"peak GPU {m['peak_gpu_allocated_mb'] / 1024:.1f} GB allocated "
                            f"({m['peak_gpu_nvml_mb'] / 1024:.1f} GB by NVML), {host}" if "peak_gpu_allocated_mb" in m

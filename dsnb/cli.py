@@ -20,11 +20,11 @@ import signal
 import sys
 
 from . import preflight, tracking
-from .bench import BENCH_FILE, bench_variants, markdown, regressions, run_bench
+from .bench import BASELINE_NUMBERS, BENCH_FILE, bench_variants, markdown, regressions, run_bench
 from .capacity import md_table, run_capacity
 from .compare import compare
 from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, describe, field_docs,
-                     field_names, offline_requested, read_variant)
+                     field_names, offline_requested, read_json_file, read_variant, redact)
 from .launch import run_variant, watch_parent
 from .preflight import check_output_folder, prepare
 from .publish import check_push, push_to_hub, save_model
@@ -236,8 +236,8 @@ def cmd_run(args) -> int:
     except Exception:
         import traceback
 
-        traceback.print_exc()
-        print(f"dsnb: the run failed; {tracking.what_was_recorded(cfg.tracking_uri, run_id)}", file=sys.stderr)
+        print(redact(traceback.format_exc()), end="", file=sys.stderr)  # a library's error may quote the URI
+        print(redact(f"dsnb: the run failed; {tracking.what_was_recorded(cfg.tracking_uri, run_id)}"), file=sys.stderr)
         return 1
     if preflight.is_rank0():
 
@@ -298,28 +298,24 @@ def cmd_bench(args) -> int:
 
 
 def read_baseline(path: str) -> dict:
-    """A bench result JSON that --baseline compares against, or a ConfigError saying what is wrong with it."""
-    import json
+    """A bench result JSON that --baseline compares against, or a ConfigError saying what is wrong with it: checked
+    whole (every number regressions reads is one) before the bench runs, not found wrong after it."""
     import math
 
     if not os.path.isfile(path):
         raise ConfigError(f"--baseline {path} does not exist; give a bench JSON such as benchmarks/results/cpu.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            baseline = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:  # not JSON, or not text at all
-        raise ConfigError(f"--baseline {path} is not a bench result's JSON ({describe(e)})") from None
+    baseline = read_json_file(path, f"--baseline {path}", "a bench result's JSON")
     rows = baseline.get("variants") if isinstance(baseline, dict) else None
     if not isinstance(rows, list) or not rows or \
             not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
         raise ConfigError(f"--baseline {path} holds no bench variants (a JSON object with a non-empty variants list, "
                           "as python -m dsnb bench writes)")
-    ratios = {r["name"]: r.get("ratio_to_tutorial") for r in rows}
-    wrong = [n for n, v in ratios.items() if v is not None and (type(v) not in (int, float) or not math.isfinite(v))]
-    if wrong:
-        raise ConfigError(f"--baseline {path}: variant {wrong[0][:40]!r} has ratio_to_tutorial "
-                          f"{str(ratios[wrong[0]])[:40]!r}; it must be a number or null, as python -m dsnb bench "
-                          "writes")
+    for row in rows:
+        for key in BASELINE_NUMBERS:
+            value = row.get(key)
+            if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
+                raise ConfigError(f"--baseline {path}: variant {row['name'][:40]!r} has {key} {str(value)[:40]!r}; "
+                                  "it must be a number or null, as python -m dsnb bench writes")
     return baseline
 
 

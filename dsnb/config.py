@@ -11,6 +11,7 @@ MLflow whole.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -76,12 +77,25 @@ class ConfigError(ValueError):
         return [f"dsnb: error: {self}"]
 
 
-CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+# A URI's user and password: everything from its scheme to the last "@" before its path, query or fragment, as a URI
+# parser reads it (an unencoded "@" or quote in a password included), and the value of each query parameter named like
+# a secret (?token=, access_token, password, api_key, sig, X-Amz-Credential, ...).
+CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+SECRET_PARAMETERS = re.compile(r"(?i)(?P<name>[?&;][\w.~-]*(?:token|passw|pwd|secret|key|sig|credential|auth)[\w.~-]*=)"
+                               r"[^&;#\s]*")
+
+
+def sqlite_path(uri: str) -> str | None:
+    """The database file of a sqlite:/// URI, else None (preflight.check_scheme refuses the URIs whose path
+    SQLAlchemy and MLflow would read differently)."""
+    return uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
 
 
 def redact(text: str) -> str:
-    """text with the user and password of every URI in it masked (http://user:TOKEN@host -> http://***@host)."""
-    return CREDENTIALS.sub(lambda m: m.group("scheme") + "***@", text)
+    """text with every URI's user and password, and the values of its query parameters named like secrets, masked
+    (http://user:TOKEN@host -> http://***@host, https://host/x?token=T -> https://host/x?token=***)."""
+    text = CREDENTIALS.sub(lambda m: m.group("scheme") + "***@", text)
+    return SECRET_PARAMETERS.sub(lambda m: m.group("name") + "***", text)
 
 
 @dataclass
@@ -196,8 +210,9 @@ class RunConfig:
     none (checkpoint_minutes still applies)."""
     checkpoint_minutes: float = 10.0
     """Also save a checkpoint after every N minutes of training, so a run stopped part way (a Colab disconnect) can
-    resume; runs shorter than that keep none; 0 turns it off. The HF Trainer's loop only (dsnb's compiled loop keeps no
-    checkpoints); the time saving takes is left out of the throughput."""
+    resume; runs shorter than that keep none; 0 turns it off. The HF Trainer's loop only: dsnb's compiled loop keeps no
+    checkpoints, so with torch_compile true another value than 0 or this default is refused (the default is then
+    unused); the time saving takes is left out of the throughput."""
     untimed_steps: int = 1
     """First optimizer steps left out of the steady-state throughput (they pay for start-up and compiling)."""
     profile: str = ""
@@ -386,6 +401,11 @@ class RunConfig:
                                                                        "graph)"),
                 ("padding", self.padding in fixed, "bucket, packed, filled or max_length (fixed shapes)"),
                 ("checkpoint_steps", not self.checkpoint_steps, "0 (the compiled loop keeps no checkpoints)"),
+                # its default (which the colab_t4 preset repeats) is left unused rather than refused: a preset's
+                # compiled run, as its header shows, needs no field turned off
+                ("checkpoint_minutes", self.checkpoint_minutes in (0, RunConfig.checkpoint_minutes),
+                 "0 (the compiled loop keeps no checkpoints; its default of "
+                 f"{RunConfig.checkpoint_minutes:g} is left unused)"),
                 ("num_gpus", self.num_gpus == 1 or self.zero_stage is not None,
                  "1 without DeepSpeed (a zero strategy runs the compiled loop on several GPUs)")):
             if not ok:
@@ -544,16 +564,43 @@ def check_names(values: dict) -> None:
 
 
 class StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, but a key given twice in one mapping is an error (plain YAML keeps the last, silently)."""
+    """YAML's safe loader, but a key given twice in one mapping is an error (plain YAML keeps the last, silently).
+    Merge keys (`<<: *common`) are YAML's own way to share fields and stay allowed: a key the mapping sets beside them
+    overrides the merged one, as YAML defines, and is not a key given twice."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+            merge = key_node.tag == "tag:yaml.org,2002:merge"  # folded in by SafeLoader's own call below
+            key = "<<" if merge else self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def read_json_file(path: str, what: str, expected: str):
+    """The JSON value in a file a user gives (their DeepSpeed config, a bench baseline), or a ConfigError that begins
+    with `what` (the field or flag and the file) and says it should be `expected`: not JSON, nested deeper than
+    Python's reader goes, or an object that gives a key twice (JSON readers keep the last silently; dsnb's YAML files
+    refuse it too)."""
+    def unique(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ConfigError(f"{what}: the key {key!r} is given twice in one object; keep one")
+            seen.add(key)
+        return dict(pairs)
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f, object_pairs_hook=unique)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{what} is nested too deeply to read; give {expected}") from None
+    except (ValueError, UnicodeDecodeError) as e:  # not JSON, not UTF-8 text, a number too long to convert
+        raise ConfigError(f"{what} is not {expected} ({describe(e)})") from None
 
 
 def read_yaml(path: str) -> dict:
@@ -566,6 +613,8 @@ def read_yaml(path: str) -> dict:
             values = yaml.load(f, Loader=StrictLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {describe(e)}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(f"{path} is nested too deeply to read; give field: value pairs") from None
     except (UnicodeDecodeError, OSError) as e:
         raise ConfigError(f"{path} could not be read as UTF-8 text ({describe(e)})") from None
     if values is None:

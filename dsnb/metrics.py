@@ -227,6 +227,20 @@ def host_load(start: tuple, end: tuple, own_share: float | None = None) -> dict:
             "host_steal_share": stolen / busy if busy else 0.0, "host_cores": float(os.cpu_count() or 1)}
 
 
+BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (at least, and share of the machine's)
+# and the hypervisor's share above which a run's speed is called unreliable
+
+
+def busy_host(m: dict) -> str:
+    """In words, how busy the machine was while a run was timed (its host_load metrics), or "" where it was not
+    busy: what every speed dsnb shows (the verdict, the model card) carries beside it."""
+    cores, other, steal = m.get("host_cores", 1.0), m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0)
+    if other <= max(BUSY_CORES, BUSY_SHARE * cores) and steal <= BUSY_STEAL:
+        return ""
+    return f"other processes used {other:.1f} of its {cores:.0f} cores" + (
+        f", the hypervisor took {steal:.0%}" if steal > BUSY_STEAL else "")
+
+
 PHASES = {"fwd": "forward", "bwd": "backward", "bwd_inner": "backward_compute", "bwd_allreduce": "gradient_reduce",
           "step": "optimizer_step"}  # DeepSpeed's timer names (deepspeed.utils.timer) -> dsnb's metric names
 

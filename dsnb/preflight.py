@@ -17,8 +17,9 @@ import shutil
 import sqlite3
 import tempfile
 import time
+import uuid
 
-from .config import ConfigError, RunConfig, check_environment, describe, preset_fields
+from .config import ConfigError, RunConfig, check_environment, describe, preset_fields, sqlite_path
 from .estimate import disk_mb, estimate_memory, host_ram_mb, stored_bytes, total_params, trainable_params
 from .model import SYNTHETIC_VERSION, cache_dir, model_config, resolve_model, synthetic_shape
 from .zero import deepcompile_asked, read_ds_config
@@ -127,7 +128,7 @@ def check_disk(cfg: RunConfig) -> None:
     runs_mb, store_mb = disk_mb(cfg, config, trainable_params(cfg, config))
     if not cfg.save_model:
         store_mb = 50.0
-    db = cfg.tracking_uri[len("sqlite:///"):] if cfg.tracking_uri.startswith("sqlite:///") else None
+    db = sqlite_path(cfg.tracking_uri)
     places = [(cfg.output_dir, runs_mb, "output_dir")] + ([(os.path.dirname(os.path.abspath(db)), store_mb,
                                                             "tracking_uri's folder")] if db else [])
     devices: dict[int, float] = {}
@@ -152,7 +153,8 @@ def check_store(uri: str) -> None:
 
 
 def check_scheme(uri: str) -> str:
-    """The URI's scheme; a bare path or file: URI (MLflow's file store) is refused."""
+    """The URI's scheme; a bare path or file: URI (MLflow's file store) is refused, and so are an SQLite URI that
+    SQLAlchemy and MLflow would read as two places (check_sqlite_uri) and a server's URI with a query."""
     from urllib.parse import urlparse
 
     scheme = urlparse(uri).scheme
@@ -160,14 +162,43 @@ def check_scheme(uri: str) -> str:
         raise ConfigError(f"tracking_uri {uri!r} is a file store, which MLflow 3 deprecates and refuses; "
                           f"use sqlite:///{uri if scheme == '' and uri.endswith('.db') else 'mlflow.db'} (or an "
                           "http:// tracking server)")
+    if scheme == "sqlite":
+        check_sqlite_uri(uri)
+    if scheme in ("http", "https") and urlparse(uri).query:
+        raise ConfigError(f"tracking_uri {uri} holds a query, which MLflow cannot use (it adds its API paths after the "
+                          "URI); give a token as MLFLOW_TRACKING_TOKEN, or a user and password as "
+                          "http://user:password@host")
     return scheme
 
 
-def check_sqlite_store(uri: str) -> None:
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
-    if "?" in uri:  # SQLAlchemy would take it as options, MLflow's artifact folder as part of a file name
+def check_sqlite_uri(uri: str) -> None:
+    """An SQLite URI whose file SQLAlchemy and MLflow agree on. SQLAlchemy, which opens the file, takes what follows a
+    "?" as its options and decodes percent-escapes (sqlite:///a%3Fb/mlflow.db is the file a?b/mlflow.db), while MLflow
+    makes the folder of the path as written (a%3Fb) and dsnb would check, export and show that one: so a query, a
+    percent-escape, or a "?" in the absolute path (the working directory's name, for a relative one) is refused."""
+    from urllib.parse import unquote
+
+    if "?" in uri:
         raise ConfigError(f"tracking_uri {uri!r} holds a query ({uri[uri.index('?'):]!r}); give a plain file path "
                           "such as sqlite:///mlflow.db")
+    path = sqlite_path(uri)
+    if not path or path == ":memory:":  # named as such by check_sqlite_store
+        return
+    full = os.path.abspath(path)
+    odd = re.search(r"%[0-9A-Fa-f]{2}|\?", full)
+    if odd and odd.group() == "?":
+        raise ConfigError(f"tracking_uri {uri!r}: the store's path {full} holds '?', which an SQLite URI cannot carry "
+                          "(SQLAlchemy takes what follows as options); put the store in a folder without '?' in its "
+                          "name")
+    if odd:
+        raise ConfigError(f"tracking_uri {uri!r}: SQLAlchemy reads {odd.group()} in the store's path ({full}) as "
+                          f"{unquote(odd.group())!r} and MLflow as written, so they would use two places; write the "
+                          "path without percent-escapes (a space or a letter needs none), in a folder whose name "
+                          "holds none")
+
+
+def check_sqlite_store(uri: str) -> None:
+    path = sqlite_path(uri) or ""
     if path in (":memory:", "") and uri.rstrip("/").endswith(":memory:"):
         raise ConfigError(f"tracking_uri {uri!r} keeps the store in memory, so every run is lost when its process "
                           "ends; use a file such as sqlite:///mlflow.db")
@@ -194,16 +225,22 @@ def check_sqlite_store(uri: str) -> None:
 
 def check_complete(db: str) -> None:
     """A ConfigError naming a store this MLflow cannot use as it is, with what to do: one whose creation or migration
-    was cut short (tables half-made), one of an older schema (upgradable), or one a newer MLflow made."""
+    was cut short (tables half-made), one of an older schema (upgradable), one a newer MLflow made, or one of this
+    schema that lacks a table or column (changed outside MLflow: MLflow opens it, then a run fails part way)."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
-            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = set(con.execute("SELECT m.name, p.name FROM sqlite_master AS m, pragma_table_xinfo(m.name) AS p "
+                                      "WHERE m.type = 'table'"))  # xinfo: generated columns too
+            tables = {table for table, _ in columns}
             runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
             version = con.execute("SELECT version_num FROM alembic_version").fetchone() \
                 if "alembic_version" in tables else None
     except sqlite3.DatabaseError as e:
-        raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); move it away and run again, or give "
-                          "another tracking_uri") from None
+        raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); give another tracking_uri, or move it "
+                          "away (a run then creates a new store there)") from None
+    if tables and not tables & {"alembic_version", "experiments", "runs"}:
+        raise ConfigError(f"{db} is an SQLite database but not an MLflow store (none of MLflow's tables is in it); "
+                          "give the store the runs were logged to, or another file for a new one")
     held = f"it holds {runs} run(s)" if runs else "it holds no runs"
     if version and not any(t.startswith("_alembic_tmp") for t in tables):
         import mlflow
@@ -213,6 +250,7 @@ def check_complete(db: str) -> None:
         script = ScriptDirectory.from_config(_get_alembic_config(""))
         head = script.get_current_head()
         if version[0] == head:
+            check_schema(db, columns, held)
             return
         if version[0] not in {r.revision for r in script.walk_revisions()}:
             raise ConfigError(f"{db} is an MLflow store of schema {version[0]}, made by a newer MLflow than this "
@@ -225,6 +263,24 @@ def check_complete(db: str) -> None:
     raise ConfigError(f"{db} is an MLflow store whose creation was interrupted (its tables are half-made; {held}); "
                       f"move it away (mv {shlex.quote(db)} {shlex.quote(db + '.broken')}) and run again, which creates "
                       "a new one")
+
+
+def check_schema(db: str, columns: set[tuple[str, str]], held: str) -> None:
+    """A store at this MLflow's schema holds every table and column of it, (table, column) pairs as SQLite lists
+    them."""
+    import mlflow.store.db.utils  # noqa: F401  (importing it registers every table MLflow makes)
+    from mlflow.store.db.base_sql_model import Base
+
+    tables = {table for table, _ in columns}
+    gaps = []
+    for name, table in sorted(Base.metadata.tables.items()):
+        gaps += [f"table {name}"] if name not in tables else \
+            [f"column {name}.{c.name}" for c in table.columns if (name, c.name) not in columns]
+    if gaps:
+        more = f" and {len(gaps) - 1} more" if len(gaps) > 1 else ""
+        raise ConfigError(f"{db} is an MLflow store that lacks its {gaps[0]}{more} (changed outside MLflow; {held}); "
+                          f"restore it from a copy, or move it away (mv {shlex.quote(db)} "
+                          f"{shlex.quote(db + '.broken')}) and run again, which creates a new one")
 
 
 def upgradable(db: str) -> bool:
@@ -335,6 +391,13 @@ def check_output_folder(path: str, what: str, empty: bool = False) -> None:
     check_writable_place(path, what)
 
 
+def staging_path(dest: str) -> str:
+    """A path beside dest that is dsnb's alone (hidden, with a random part: never a user's file), to write dest into
+    whole before renaming it into place; the caller creates it exclusively."""
+    folder, name = os.path.split(os.path.abspath(dest.rstrip(os.sep)))
+    return os.path.join(folder, f".{name}.dsnb-{uuid.uuid4().hex[:12]}")
+
+
 def check_output_file(path: str, what: str) -> None:
     """A new file dsnb writes: named, not a folder, not there yet (never written over), in a folder it can write."""
     if not path or not path.strip() or path.endswith(os.sep):
@@ -372,6 +435,8 @@ PATH_ROOM = 256  # bytes dsnb adds under a path it is given (run ids, checkpoint
 def check_path_names(path: str, field: str) -> None:
     """Each part of a path fits the file system's name limit (255 bytes on most), and the whole path, with room for
     what dsnb writes under it, its path limit (PATH_MAX: 4096 bytes on Linux)."""
+    if "\0" in path:  # no file system takes it (an sqlite URI's %00 decodes to it)
+        raise ConfigError(f"{field}: the path {path!r} holds a NUL character, which no file name can; remove it")
     full = os.path.abspath(path)
     for part in full.split(os.sep):
         if len(part.encode()) > 255:

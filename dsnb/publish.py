@@ -5,8 +5,8 @@
     push_to_hub("my_adapter", "me/bllossom-squad-lora", token)   # only with a repository and a token
     python -m dsnb save --run_id ID -o my_adapter [--merge] [--push_to me/repo --token ...]
 
-A saved folder also holds dsnb_run.json: the run's id and whole config. The token is used for the push and
-nowhere else: never logged, printed or written.
+A saved folder also holds dsnb_run.json: the run's id and config, naming no place on this machine
+(card.portable_config). The token is used for the push and nowhere else: never logged, printed or written.
 """
 from __future__ import annotations
 
@@ -15,27 +15,29 @@ import os
 import shutil
 import tempfile
 
-from .card import write_card
+from .card import describe_base, portable_config, write_card
 from .config import ConfigError, RunConfig, describe
 from .data import CLOSED_BOOK, prompt_parts
 from .estimate import PROCESS_BASE_MB, total_params
 from .evaluate import probe_logit_norm, stop_tokens
 from .model import TORCH_DTYPES, load_base, model_config, resolve_model
-from .preflight import check_output_folder, pick_device
+from .preflight import check_output_folder, pick_device, staging_path
 from .tracking import RunResult, existing_store, mlflow_client
 
 
 def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
     """Write the run's trained adapter (or fully fine-tuned model) to dest, a new folder; with merge, the LoRA
-    weights merged into the base model, saved whole. Written into dest.partial and renamed when whole: a failure
-    (a full disk, say) leaves nothing behind. Returns dest."""
+    weights merged into the base model, saved whole. Written into a folder of dsnb's own beside dest and renamed when
+    whole: a failure (a full disk, say) leaves nothing behind. No file in it names a place on this machine (the
+    Trainer's training_args.bin, a pickle of them, is left out). Returns dest."""
     check_output_folder(dest, "the output folder", empty=True)
     client = mlflow_client(existing_store(result.tracking_uri))
     run = client.get_run(result.run_id)
-    cfg = RunConfig.from_dict({k: v for k, v in run.data.params.items() if k in RunConfig.__dataclass_fields__})
-    part = dest.rstrip(os.sep) + ".partial"
-    shutil.rmtree(part, ignore_errors=True)
+    cfg = run_config(run)
+    part = staging_path(dest)
     try:
+        os.makedirs(os.path.dirname(part), exist_ok=True)
+        os.mkdir(part)
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 model_dir = client.download_artifacts(result.run_id, "model", tmp)
@@ -46,15 +48,16 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
             probe = run.data.metrics.get("probe_logit_norm")
             merge_facts = merged(cfg, model_dir, part, probe) if merge and lora else {}
             if not merge_facts:
-                shutil.copytree(model_dir, part)
+                shutil.copytree(model_dir, part, dirs_exist_ok=True, ignore=shutil.ignore_patterns("training_args.bin"))
         kind = "merged" if merge_facts else "adapter" if lora else "full"
         extra = {"merged": f"into the base's {merge_facts['merged_in']} weights; the merged model's probe logits "
                            f"differ from the run's by {merge_facts['probe_relative_difference']:.2e} (relative)"
                  } if merge_facts else None
-        write_card(part, cfg, dict(run.data.metrics), result.run_id, kind, extra)
+        write_card(part, cfg, dict(run.data.metrics), result.run_id, kind, extra, run.data.params.get("scoring_mode"))
         with open(os.path.join(part, "dsnb_run.json"), "w") as f:
-            json.dump({"run_id": result.run_id, "merged": bool(merge_facts), **merge_facts, "config": cfg.to_dict()},
-                      f, indent=2)
+            json.dump({"run_id": result.run_id, "merged": bool(merge_facts), **merge_facts,
+                       **({"local_base": describe_base(cfg)} if local_base(cfg) else {}),
+                       "config": portable_config(cfg)}, f, indent=2)
         if os.path.isdir(dest):
             os.rmdir(dest)  # an empty folder the user made for it
         os.replace(part, dest)
@@ -63,6 +66,11 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
     finally:
         shutil.rmtree(part, ignore_errors=True)
     return dest
+
+
+def run_config(run) -> RunConfig:
+    """The config an MLflow run was started with, from its params."""
+    return RunConfig.from_dict({k: v for k, v in run.data.params.items() if k in RunConfig.__dataclass_fields__})
 
 
 def merged(cfg: RunConfig, adapter_dir: str, dest: str, probe: float | None) -> dict:
@@ -105,26 +113,49 @@ def check_merge_ram(cfg: RunConfig, dtype: str) -> None:
                           "the base with peft), or merge on a machine with more RAM")
 
 
-def load_saved(folder: str, device: str | None = None):
+def load_saved(folder: str, device: str | None = None, base: str = ""):
     """(model, tokenizer) from a folder save_model wrote: an adapter on its base, loaded as the run trained it (the
-    same quantization and precision, so its logits are the run's own), or a whole model (merged or fully trained)."""
+    same quantization and precision, so its logits are the run's own), or a whole model (merged or fully trained).
+    base: the base model's folder, for an adapter of a local one (a saved folder names it by its name alone)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
-    with open(os.path.join(folder, "dsnb_run.json")) as f:
-        cfg = RunConfig.from_dict(json.load(f)["config"])
+    saved = read_saved(folder)
+    cfg = RunConfig.from_dict(saved["config"])
     device = device or pick_device()
     if os.path.isfile(os.path.join(folder, "adapter_config.json")):
-        model = PeftModel.from_pretrained(load_base(cfg, device), folder)
+        if saved.get("local_base") and not base:  # never a hub model that shares its name
+            raise ConfigError(f"{folder} is an adapter of the local model folder {saved['local_base']!r}; give that "
+                              f"folder's path as base (load_saved({folder!r}, base=...))")
+        model = PeftModel.from_pretrained(load_base(cfg, device, base or None), folder)
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", device_map={"": device})
     return model, AutoTokenizer.from_pretrained(folder)
 
 
-def check_push(repo: str, token: str | None) -> None:
-    """A push needs a valid repository name (owner/name) and a token the hub accepts; checked before anything is
-    saved."""
+def read_saved(folder: str) -> dict:
+    """The dsnb_run.json of a folder save_model wrote ({} where there is none)."""
+    path = os.path.join(folder, "dsnb_run.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def local_base(cfg: RunConfig) -> str:
+    """cfg.model where it is a local folder (which a saved folder names by its name alone), else ""."""
+    return cfg.model if not cfg.model.startswith("synthetic:") and os.path.isdir(cfg.model) else ""
+
+
+CLI_TOKEN = "pass --token or set HF_TOKEN"
+NOTEBOOK_TOKEN = ("add HF_TOKEN to Colab's Secrets (the key icon on the left, with this notebook's access on), set "
+                  "$HF_TOKEN, or pass keep(..., token=...)")
+
+
+def check_push(repo: str, token: str | None, get_token: str = CLI_TOKEN) -> None:
+    """A push needs a valid repository name (owner/name) and a token the hub accepts; get_token says where a token
+    comes from in the place the user is (CLI_TOKEN, NOTEBOOK_TOKEN)."""
     from huggingface_hub import HfApi
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -136,17 +167,17 @@ def check_push(repo: str, token: str | None) -> None:
         raise ConfigError(f"push_to is {repo!r}, which the hub does not take as a repository name: use letters, "
                           "digits, '-', '_' and '.' (not at either end), as owner/name") from None
     if not token:
-        raise ConfigError("pushing to the hub needs a token: pass --token or set HF_TOKEN (it is never logged)")
+        raise ConfigError(f"pushing to the hub needs a token: {get_token} (it is never logged)")
     try:
         HfApi(token=token).whoami()
-    except Exception as e:  # offline, or a token the hub refuses: nothing is written either way
+    except Exception as e:  # offline, or a token the hub refuses
         raise ConfigError(f"the hub did not accept the token or could not be reached ({describe(e, 120)}); check the "
-                          "token and the network before saving") from None
+                          "token and the network") from None
 
 
-def push_to_hub(folder: str, repo: str, token: str | None) -> str:
+def push_to_hub(folder: str, repo: str, token: str | None, get_token: str = CLI_TOKEN) -> str:
     """Upload a saved folder to a hub repository (created private if new); returns the repository."""
-    check_push(repo, token)
+    check_push(repo, token, get_token)
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
@@ -170,23 +201,35 @@ def hub_token() -> str:
 
 
 def keep(result: RunResult, folder: str = "", merge: bool = False, push_to: str = "", token: str = "") -> str:
-    """A notebook's one call to keep a run's model: saved (merged with merge) into folder (default adapter-<run> or
-    merged-<run>; a folder this run already saved is kept, not written again), and pushed to the hub repository
-    push_to when given (the token from hub_token() unless passed; checked before anything is written). Returns the
-    folder."""
-    folder = folder or f"{'merged' if merge else 'adapter'}-{result.run_id[:8]}"
-    token = token or (hub_token() if push_to else "")
-    if push_to:
-        check_push(push_to, token)
-    saved = os.path.join(folder, "dsnb_run.json")
-    if os.path.isfile(saved) and json.load(open(saved)).get("run_id") == result.run_id:
+    """A notebook's one call to keep a run's model: saved first (merged with merge) into folder, then pushed to the hub
+    repository push_to when given (the token from hub_token() unless passed). folder defaults to adapter-<run> or
+    merged-<run>, under <results_folder>/models/ where the run has a results_folder (kept with its store); one that
+    already holds this run's model of that kind is kept, not written again. A push that fails says in one line what
+    was saved where and why, and the folder is returned all the same: Run all goes on. Returns the folder."""
+    cfg = run_config(mlflow_client(existing_store(result.tracking_uri)).get_run(result.run_id))
+    name = f"{'merged' if merge else 'adapter'}-{result.run_id[:8]}"
+    default = os.path.join(cfg.results_folder, "models", name) if cfg.results_folder else name
+    folder = folder or default
+    merging = merge and cfg.lora_r > 0  # a fully trained model has nothing to merge
+    held = read_saved(folder) if os.path.isdir(folder) else {}
+    if held.get("run_id") == result.run_id:
+        if bool(held.get("merged")) != merging:
+            kinds = {True: "merged model", False: "adapter"}
+            raise ConfigError(f"{folder} already holds run {result.run_id}'s {kinds[bool(held.get('merged'))]}, not "
+                              f"the {kinds[merging]} asked for (merge={merge}); give another folder, or none for "
+                              f"{default}")
         print(f"{folder}: already holds run {result.run_id}'s model; kept")
     else:
         save_model(result, folder, merge)
-        print(f"saved run {result.run_id}'s {'merged model' if merge else 'model'} to {folder} (its model card: "
+        print(f"saved run {result.run_id}'s {'merged model' if merging else 'model'} to {folder} (its model card: "
               f"{folder}/README.md)")
     if push_to:
-        print(f"pushed {folder} to the hub: {push_to_hub(folder, push_to, token)} (private)")
+        try:
+            print(f"pushed {folder} to the hub: {push_to_hub(folder, push_to, token or hub_token(), NOTEBOOK_TOKEN)} "
+                  "(private)")
+        except ConfigError as e:
+            print(f"dsnb: {folder} is saved but was not pushed to {push_to}: {e}; run this cell again once that is "
+                  "fixed")
     return folder
 
 
@@ -215,9 +258,10 @@ def ask(source, question: str, passage: str = "", max_new_tokens: int = 64) -> s
 
     folder = source if isinstance(source, str) else keep(source)
     if folder not in _ASKED:
-        model, tokenizer = load_saved(folder)
-        with open(os.path.join(folder, "dsnb_run.json")) as f:
-            _ASKED[folder] = (model.eval(), tokenizer, RunConfig.from_dict(json.load(f)["config"]))
+        base = "" if isinstance(source, str) else \
+            local_base(run_config(mlflow_client(source.tracking_uri).get_run(source.run_id)))
+        model, tokenizer = load_saved(folder, base=base)
+        _ASKED[folder] = (model.eval(), tokenizer, RunConfig.from_dict(read_saved(folder)["config"]))
     model, tokenizer, cfg = _ASKED[folder]
     if cfg.prompt not in CLOSED_BOOK and not passage.strip():
         raise ConfigError("this model was trained to answer from a passage (prompt passage): give the text to read as "

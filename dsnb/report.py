@@ -14,7 +14,7 @@ import io
 
 from .config import WORK_FIELDS, redact
 from .data import eval_task
-from .metrics import Budget, fit, gpu_taken_mb
+from .metrics import BUSY_CORES, BUSY_SHARE, BUSY_STEAL, Budget, busy_host, fit, gpu_taken_mb
 from .tracking import RunResult, existing_store, mlflow_client, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
@@ -27,8 +27,6 @@ ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill
 EFFECT, POWER = 0.10, 0.80  # the held-out difference whose detection rate (power) is stated beside the test's verdict,
 # and the rate at which the number of questions that would detect it is given
 FINGERPRINTS = ("eval_set", "data_fingerprint", "train_math", "scoring_mode")  # what same_work compares too
-BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (at least, and share of the machine's)
-# and the hypervisor's share above which a run's speed is called unreliable
 
 
 def load_runs(runs: list[RunResult]) -> list:
@@ -198,7 +196,7 @@ def busy_runs(loaded: list) -> str:
         m = run.data.metrics
         cores = m.get("host_cores", 1.0)
         other, steal = m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0)
-        if other > max(BUSY_CORES, BUSY_SHARE * cores) or steal > BUSY_STEAL:
+        if busy_host(m):
             worst.append((other, steal, cores, run.info.run_name))
     if not worst:
         return ""

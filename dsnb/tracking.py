@@ -23,8 +23,8 @@ import traceback
 import zipfile
 from importlib import metadata
 
-from .config import PLACES, ConfigError, RunConfig, describe, redact
-from .preflight import check_complete, check_output_file, check_scheme
+from .config import PLACES, ConfigError, RunConfig, describe, redact, sqlite_path
+from .preflight import check_complete, check_output_file, check_scheme, check_sqlite_uri, staging_path
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
 # MLflow's "Downloading artifacts" bars tell a notebook user nothing (dsnb reads small files back); yours, if set, stay.
@@ -53,11 +53,6 @@ class RunResult:
         """The run as the store holds it now."""
         run = mlflow_client(tracking_uri).get_run(run_id)
         return cls(run_id, run.info.run_name, run.info.status, tracking_uri, dict(run.data.metrics), **extra)
-
-
-def sqlite_path(uri: str) -> str | None:
-    """The database file of a sqlite:/// URI, else None."""
-    return uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
 
 
 def resolve_uri(uri: str) -> str:
@@ -95,14 +90,17 @@ def mlflow_client(uri: str):
 
 
 def existing_store(uri: str) -> str:
-    """uri, if it names a store that is there: commands that only read (save, export, notebook 03) must not create an
-    empty one where a path is mistyped."""
+    """uri, if it names a store that is there and whole: commands that only read (save, export, ui, notebook 03) must
+    not create an empty one where a path is mistyped, nor take another file for one."""
 
     check_scheme(uri)
     db = sqlite_path(uri)
-    if db is not None and not os.path.isfile(db):
-        raise ConfigError(f"tracking_uri {uri}: there is no store at {os.path.abspath(db)}; give the store the runs "
-                          "were logged to (python -m dsnb ui --tracking_uri ... shows it)")
+    if db is not None and not (os.path.isfile(db) and os.path.getsize(db)):
+        empty = " (an empty file)" if os.path.isfile(db) else ""
+        raise ConfigError(f"tracking_uri {uri}: there is no store at {os.path.abspath(db)}{empty}; give the store the "
+                          "runs were logged to (python -m dsnb ui --tracking_uri ... shows it)")
+    if db is not None:
+        check_complete(db)
     return uri
 
 
@@ -117,6 +115,7 @@ def init_store(uri: str) -> None:
     db = sqlite_path(uri)
     if db is None or uri in _READY:
         return
+    check_sqlite_uri(uri)  # a path SQLAlchemy would read apart from this one: never a file made elsewhere
     import fcntl
     import glob
     import logging
@@ -386,16 +385,16 @@ def export_store(tracking_uri: str, dest: str) -> str:
     `mlflow ui` started in the unzipped folder finds every artifact on another machine.
     """
 
-    db = sqlite_path(tracking_uri)
-    if db is None or not os.path.isfile(db):
-        raise ConfigError(f"no SQLite store at {tracking_uri}; export works on sqlite:/// stores")
+    db = sqlite_path(existing_store(tracking_uri))
+    if db is None:
+        raise ConfigError(f"tracking_uri {tracking_uri} is not an SQLite store; export works on sqlite:/// stores")
     check_output_file(dest, "the zip")
     root = os.path.dirname(os.path.abspath(db))
     artifacts = os.path.join(root, ARTIFACT_DIR)
     if os.path.realpath(dest).startswith(os.path.realpath(artifacts) + os.sep):  # also through a symlink
         raise ConfigError(f"the zip {dest} would sit inside the store's own artifacts ({artifacts}) and so hold "
                           "itself; write it elsewhere")
-    part = dest + ".partial"
+    part = staging_path(dest)
     try:
         with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dest))) as tmp:
             copy = os.path.join(tmp, "mlflow.db")
@@ -407,7 +406,7 @@ def export_store(tracking_uri: str, dest: str) -> str:
                         out.execute(f"UPDATE {table} SET {column} = substr({column}, ?) WHERE {column} LIKE ?",
                                     (len(prefix) + 1, prefix + "%"))
                 out.commit()
-            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as zf:
+            with zipfile.ZipFile(part, "x", zipfile.ZIP_DEFLATED) as zf:
                 zf.write(copy, "mlflow.db")
                 for folder, _, files in os.walk(artifacts):
                     for name in files:
@@ -433,18 +432,28 @@ def export_error(error: Exception, db: str, dest: str) -> ConfigError:
 
 
 def download_store(tracking_uri: str, drive_folder: str = "") -> str:
-    """Export the store to a zip nothing else holds (dsnb_mlflow.zip, else dsnb_mlflow-2.zip, ...) and hand it over:
-    Colab downloads it; with drive_folder (a mounted Google Drive folder) a copy goes there too. Returns the zip."""
+    """Export the store to a zip beside it (in the store's folder: results_folder's, on Drive, where the run has one)
+    that nothing else holds (dsnb_mlflow.zip, else dsnb_mlflow-2.zip, ...) and hand it over: Colab downloads it; with
+    drive_folder (a mounted Google Drive folder) a copy goes there too. Returns the zip."""
     import shutil
 
-    dest, n = "dsnb_mlflow.zip", 1
-    while os.path.exists(dest) or drive_folder and os.path.exists(os.path.join(drive_folder, dest)):
+    db = sqlite_path(existing_store(tracking_uri))
+    folder = os.path.dirname(os.path.abspath(db)) if db is not None else "."  # export names a server store's error
+    dest, n = os.path.join(folder, "dsnb_mlflow.zip"), 1
+    while os.path.exists(dest) or drive_folder and os.path.exists(os.path.join(drive_folder, os.path.basename(dest))):
         n += 1
-        dest = f"dsnb_mlflow-{n}.zip"
+        dest = os.path.join(folder, f"dsnb_mlflow-{n}.zip")
     export_store(tracking_uri, dest)
     if drive_folder:
         os.makedirs(drive_folder, exist_ok=True)
-        shutil.copy(dest, os.path.join(drive_folder, os.path.basename(dest)))
+        copy = os.path.join(drive_folder, os.path.basename(dest))
+        part = staging_path(copy)
+        try:
+            shutil.copy(dest, part)
+            os.replace(part, copy)
+        finally:
+            if os.path.exists(part):
+                os.remove(part)
     if "COLAB_RELEASE_TAG" in os.environ:
         try:
             from google.colab import files
@@ -456,23 +465,32 @@ def download_store(tracking_uri: str, drive_folder: str = "") -> str:
 
 def open_store(tracking_uri: str) -> str:
     """A store to read: a zip from download_store (uploaded to a new runtime, say) is unzipped beside itself once
-    and its SQLite file used; any other URI is returned as it is."""
+    (into a folder of its name, which must be new, empty or that store) and its SQLite file used; any other URI is
+    returned as it is."""
+    import shutil
+
     if not tracking_uri.endswith(".zip"):
         return tracking_uri
     if not os.path.isfile(tracking_uri):
         raise ConfigError(f"{tracking_uri} does not exist; upload dsnb_mlflow.zip first (Colab: the Files pane)")
     folder = tracking_uri[:-4]
     if not os.path.isfile(os.path.join(folder, "mlflow.db")):
+        if os.path.exists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
+            raise ConfigError(f"{folder} exists and holds no mlflow.db, so {tracking_uri} cannot be unzipped there; "
+                              "move it away, or unzip the store elsewhere and give its mlflow.db (sqlite:///...)")
+        part = staging_path(folder)
         try:
             with zipfile.ZipFile(tracking_uri) as zf:
                 if "mlflow.db" not in zf.namelist():
                     raise ConfigError(f"{tracking_uri} holds no mlflow.db; give a zip that dsnb export or "
                                       "download_store made")
-                zf.extractall(folder + ".partial")
+                zf.extractall(part)
+            os.replace(part, folder)
         except zipfile.BadZipFile as e:
             raise ConfigError(f"{tracking_uri} is not a readable zip ({describe(e)}); upload it again (an upload cut "
                               "short looks like this)") from None
-        os.replace(folder + ".partial", folder)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
     return f"sqlite:///{os.path.abspath(folder)}/mlflow.db"
 
 

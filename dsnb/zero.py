@@ -11,10 +11,9 @@ in at run time and dsnb logs that resolved config with the run.
 """
 from __future__ import annotations
 
-import json
 import os
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, read_json_file
 
 
 def zero_section(stage: int, offload_optimizer: str = "none", offload_param: str = "none",
@@ -125,11 +124,7 @@ def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
     path = cfg.ds_config_path
     if not os.path.isfile(path):
         raise ConfigError(f"ds_config {path!r} does not exist; give a DeepSpeed JSON file or leave it empty")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"ds_config {path} is not valid JSON ({e})") from None
+    config = read_json_file(path, f"ds_config {path}", "a DeepSpeed config (a JSON object of its settings)")
     if not isinstance(config, dict):
         raise ConfigError(f"ds_config {path} must hold a JSON object of DeepSpeed settings, not a "
                           f"{type(config).__name__}")

@@ -200,3 +200,93 @@ def test_host_ram_beyond_the_budget_is_refused_before_loading_or_warned(here):
     assert done.returncode == 2 and "GB of host RAM" in done.stderr and "ram_budget_gb is 12.7" in done.stderr
     warned = here(*big, "--host_ram_check", "warn", "--max_length", "64", "--num_samples", "8")
     assert "dsnb: warning: this run needs about" in warned.stdout
+
+
+def one_line_error(done) -> str:
+    """The one line a refused command prints (exit 2, no traceback)."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("dsnb: error: "), done.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"variants": [{"name": "tutorial", "samples_per_second": "fast"}]}',
+     "variant 'tutorial' has samples_per_second 'fast'; it must be a number or null"),
+    ('{"variants": [{"name": "tutorial", "tokens_per_second": [1, 2]}]}',
+     "variant 'tutorial' has tokens_per_second '[1, 2]'; it must be a number or null"),
+    ('{"variants": [{"name": "tutorial", "ratio_to_tutorial": true}]}', "has ratio_to_tutorial 'True'"),
+    ('{"variants": [{"name": "a"}], "variants": []}', "the key 'variants' is given twice in one object"),
+    ('{"variants": ' + "[" * 50000 + "]" * 50000 + "}", "is nested too deeply to read; give a bench result's JSON"),
+])
+def test_a_bench_baseline_is_checked_whole_before_anything_runs(workdir, content, message):
+    """Every number the regression check reads of a baseline is one, and the file is read whole, before a bench
+    starts: never a RecursionError, nor a bench run through to a TypeError."""
+    (workdir / "base.json").write_text(content)
+    done = dsnb("bench", "--offline", "--only", "tutorial", "--repeats", "1", "--untimed", "1", "--steps", "1",
+                "--baseline", "base.json", "--out", "out", cwd=workdir)
+    line = one_line_error(done)
+    assert "--baseline base.json" in line and message in line
+    assert not (workdir / "out").exists() and not (workdir / "mlflow.db").exists()
+
+
+def test_sqlite_uris_that_sqlalchemy_and_mlflow_read_apart_are_refused_on_every_path(workdir, here):
+    """SQLAlchemy decodes a percent-escape in an SQLite URI (sqlite:///a%3Fb/mlflow.db is the file a?b/mlflow.db),
+    MLflow makes the folder as written: every command refuses such a URI in one line, creating nothing (no folder,
+    no .creating file); a working directory whose name would put one in the store's absolute URI too."""
+    for uri, escape in (("sqlite:///a%3Fb/mlflow.db", "%3F"), ("sqlite:///a%20b/mlflow.db", "%20")):
+        for args in (["check", "--offline"], ["ui"], ["export", "-o", "s.zip"]):
+            done = here(*args, "--tracking_uri", uri)
+            assert done.returncode == 2 and f"SQLAlchemy reads {escape} in the store's path" in done.stderr, args
+        line = one_line_error(dsnb("run", "--offline", "--max_steps", "1", "--tracking_uri", uri, cwd=workdir))
+        assert f"SQLAlchemy reads {escape} in the store's path ({workdir}/a{escape}b/mlflow.db) as" in line
+    odd = workdir / "runs%20here"
+    odd.mkdir()
+    line = one_line_error(dsnb("check", "--offline", cwd=odd))
+    assert f"SQLAlchemy reads %20 in the store's path ({odd}/mlflow.db) as ' '" in line
+    assert sorted(p.name for p in workdir.iterdir()) == ["runs%20here"] and not list(odd.iterdir())
+    (workdir / "a b").mkdir()  # written as it is, a space needs no escape
+    assert here("check", "--offline", "--tracking_uri", "sqlite:///a b/mlflow.db").returncode == 0
+
+
+def test_a_store_missing_a_table_is_refused_before_a_run_opens(workdir):
+    """A store of this MLflow's schema with a table dropped (by hand, or another tool) passed the pre-flight, then the
+    run died with a traceback and stayed RUNNING: now the table is named before any run is opened."""
+    import sqlite3
+
+    from dsnb.tracking import mlflow_client
+
+    mlflow_client(f"sqlite:///{workdir}/mlflow.db").search_experiments()  # a whole new store
+    with sqlite3.connect(workdir / "mlflow.db") as con:
+        con.execute("DROP TABLE latest_metrics")
+    line = one_line_error(dsnb("run", "--offline", "--max_steps", "1", "--save_model", "false", cwd=workdir))
+    assert "mlflow.db is an MLflow store that lacks its table latest_metrics" in line and "mv mlflow.db" in line
+    with sqlite3.connect(workdir / "mlflow.db") as con:
+        assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0  # no run was opened
+
+
+def test_ui_on_a_file_that_is_not_a_store_is_refused(workdir):
+    import sqlite3
+
+    (workdir / "notes.txt").write_text("not a database")
+    (workdir / "empty.db").write_bytes(b"")
+    with sqlite3.connect(workdir / "other.db") as con:
+        con.execute("CREATE TABLE t (x)")
+    for name, message in (("notes.txt", "notes.txt is not a readable MLflow store"),
+                          ("empty.db", "there is no store at"),
+                          ("other.db", "other.db is an SQLite database but not an MLflow store")):
+        done = dsnb("ui", "--tracking_uri", f"sqlite:///{name}", cwd=workdir)
+        assert message in one_line_error(done) and "mlflow ui" not in done.stdout
+
+
+def test_credentials_in_a_tracking_uri_are_never_printed(workdir, here):
+    """However the user and password parse (an unencoded @ or a quote in the password, a token as the user) and
+    whatever query parameter holds a secret, no command prints them: run, check, ui, export."""
+    uris = ["http://me:p@ss-SECRET@127.0.0.1:9", "http://me:pa'ss\"SECRET@127.0.0.1:9", "https://SECRET@127.0.0.1:9",
+            "http://127.0.0.1:9/?token=SECRET", "http://127.0.0.1:9/x?user=me&access_token=SECRET&sig=SECRET"]
+    for uri in uris:
+        for args in (["run", "--offline"], ["check", "--offline"], ["ui"], ["export"]):
+            done = here(*args, "--tracking_uri", uri)
+            assert "SECRET" not in done.stdout + done.stderr and "127.0.0.1:9" in done.stdout + done.stderr, (uri, args)
+    done = dsnb("run", "--offline", "--tracking_uri", "http://me:p@ss'SECRET@127.0.0.1:9/?password=SECRET",
+                cwd=workdir)
+    assert "SECRET" not in one_line_error(done) and "holds a query, which MLflow cannot use" in done.stderr

@@ -169,3 +169,75 @@ def test_a_notebook_keeps_what_papermill_injected_even_at_its_default():
     namespace["_ih"].append("warmup_steps = 3")
     with pytest.raises(ConfigError, match="warmup_steps is now untimed_steps"):
         explicit_parameters(namespace)
+
+
+def test_yaml_merge_keys_share_fields_in_every_kind_of_file_and_a_key_given_twice_is_still_refused(tmp_path):
+    """YAML's merge key (`<<: *common`) is YAML's own way to share fields: a field file, a variants file and a sweep
+    file take it, a key the mapping sets beside it overrides the merged one, and a key given twice stays an error."""
+    from dsnb.config import read_variant, read_variants
+    from dsnb.sweep import load_sweep
+
+    fields = tmp_path / "fields.yaml"
+    fields.write_text("<<: {dtype: fp32, max_steps: 3}\nmax_steps: 5\n")
+    assert (RunConfig.from_yaml(str(fields)).dtype, RunConfig.from_yaml(str(fields)).max_steps) == ("fp32", 5)
+    variants = tmp_path / "variants.yaml"
+    variants.write_text("base: &common {dtype: fp32, max_steps: 2}\nvariants:\n  a: &a {<<: *common, lora_r: 8}\n"
+                        "  b: {<<: [*a, *common], max_steps: 4}\n")
+    base, named, _ = read_variants(str(variants))
+    assert named["a"] == {"dtype": "fp32", "max_steps": 2, "lora_r": 8}
+    assert read_variant(str(variants), "b") == {"dtype": "fp32", "max_steps": 4, "lora_r": 8}
+    notebook = pathlib.Path(__file__).parents[1] / "notebooks" / "02_zero_stages.ipynb"
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"notebook: {notebook}\nbase: {{quantization: none}}\nvariants:\n"
+                     "  - &zero2 {run_name: z2, strategy: zero2}\n  - {<<: *zero2, run_name: z2cpu, "
+                     "offload_optimizer: cpu}\n")
+    _, cfgs, _ = load_sweep(str(sweep), offline=True)
+    assert [(c.run_name, c.strategy, c.offload_optimizer) for c in cfgs] == [("z2", "zero2", "none"),
+                                                                            ("z2cpu", "zero2", "cpu")]
+    for text, twice in (("a: &a {x: 1}\nb: {<<: *a, max_steps: 1, max_steps: 2}\n", "'max_steps' is given twice"),
+                        ("a: &a {x: 1}\nb: {<<: *a, <<: *a}\n", "'<<' is given twice"),
+                        ("base: {dtype: fp32, dtype: bf16}\nvariants: {a: {}}\n", "'dtype' is given twice")):
+        variants.write_text(text)
+        with pytest.raises(ConfigError, match=twice):
+            read_variants(str(variants))
+
+
+def test_a_file_nested_deeper_than_the_reader_goes_is_named(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("max_steps: " + "[" * 20000 + "\n")
+    with pytest.raises(ConfigError, match="deep.yaml is nested too deeply to read"):
+        RunConfig.from_yaml(str(deep))
+
+
+def test_checkpoint_minutes_asked_of_a_compiled_run_is_refused_and_its_default_left_unused():
+    """The compiled loop keeps no checkpoints: a checkpoint_minutes asked of it says so, naming the field, as
+    checkpoint_steps does; the default, which colab_t4 repeats, is not asked (its header's compiled run must load)."""
+    compiled = dict(quantization="none", padding="bucket", torch_compile=True)
+    with pytest.raises(ConfigError, match=r"checkpoint_minutes is 5.0 but torch_compile needs 0 \(the compiled loop "
+                                          "keeps no checkpoints"):
+        RunConfig(**compiled, checkpoint_minutes=5)
+    with pytest.raises(ConfigError, match="checkpoint_minutes is 30.0"):
+        RunConfig.layered({"preset": "colab_t4", **compiled, "checkpoint_minutes": 30})
+    assert RunConfig.layered({"preset": "colab_t4", **compiled}).checkpoint_minutes == 10
+    assert RunConfig(**compiled, checkpoint_minutes=0).torch_compile
+
+
+@pytest.mark.parametrize("uri, kept", [
+    ("http://me:p@ss-SECRET@host:5000/x", "http://***@host:5000/x"),  # an unencoded @: up to the last one
+    ("http://me:pa'ss\"SECRET@host", "http://***@host"),  # quotes in the password
+    ("https://SECRET@host/api", "https://***@host/api"),  # a token as the user
+    ("postgresql+psycopg2://me:SECRET@db:5432/mlflow", "postgresql+psycopg2://***@db:5432/mlflow"),
+    ("https://host/x?token=SECRET&run=1", "https://host/x?token=***&run=1"),
+    ("https://host/?access_token=SECRET", "https://host/?access_token=***"),
+    ("https://host/?password=SECRET#top", "https://host/?password=***#top"),
+    ("https://host/?a=1&key=SECRET;api_key=SECRET", "https://host/?a=1&key=***;api_key=***"),
+    ("https://host/b?sv=1&sig=SECRET&X-Amz-Credential=SECRET", "https://host/b?sv=1&sig=***&X-Amz-Credential=***"),
+])
+def test_every_form_of_credentials_in_a_uri_is_masked(uri, kept):
+    from dsnb.config import redact
+
+    assert redact(uri) == kept
+    for shown in (redact(f"tracking_uri {uri!r} does not answer"), str(ConfigError(f"tracking_uri {uri} is bad")),
+                  "".join(ConfigError(repr(uri))._render_traceback_())):
+        assert "SECRET" not in shown, shown
+    assert redact("http://127.0.0.1:5000 and mail me@example.org") == "http://127.0.0.1:5000 and mail me@example.org"

@@ -135,3 +135,33 @@ def test_the_host_ram_check_on_the_cpu_leaves_out_gpu_only_buffers():
     check_host_ram(cfg, 1, "cpu")
     with pytest.raises(ConfigError, match="ram_budget_gb"):
         check_host_ram(cfg.replace(ram_budget_gb=0.01), 1, "cpu")
+
+
+@pytest.fixture(scope="module")
+def whole_store(tmp_path_factory):
+    """A store as this MLflow makes it (dsnb's own creation)."""
+    from dsnb.tracking import mlflow_client
+
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    mlflow_client(f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.mark.integration  # MLflow's migrations make the store: 10-20 s on 2 busy cores
+@pytest.mark.parametrize("change, named", [
+    ("DROP TABLE params", "lacks its table params"),
+    ("ALTER TABLE runs DROP COLUMN artifact_uri", "lacks its column runs.artifact_uri"),
+])
+def test_a_store_of_this_schema_that_lacks_a_table_or_column_is_named(whole_store, tmp_path, change, named):
+    import shutil
+    import sqlite3
+
+    from dsnb.preflight import check_complete
+
+    check_complete(str(whole_store))  # whole: nothing to say (every table and column, generated ones too)
+    db = tmp_path / "mlflow.db"
+    shutil.copy(whole_store, db)
+    with sqlite3.connect(db) as con:
+        con.execute(change)
+    with pytest.raises(ConfigError, match=f"is an MLflow store that {named} .*it holds no runs.*move it away"):
+        check_complete(str(db))

@@ -1,12 +1,15 @@
 """A run's adapter as a product: saved with a real model card, reloaded with the run's own logits (on its 8-bit or
 4-bit base too), merged with the merge's own difference written down, never pushed without a token."""
 import json
+import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
+from dsnb.data import synthetic_squad
 from dsnb.evaluate import probe_logit_norm
 from dsnb.publish import check_push, load_saved, save_model
 from dsnb.tracking import RunResult
@@ -19,14 +22,22 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """LoRA runs of synthetic:tiny on an unquantized, an 8-bit and a 4-bit base, trained hard enough that the adapters
-    are far from zero."""
+    are far from zero; and one ("kept") as a notebook on Drive makes it: its store and runs in a results_folder, its
+    data a local file."""
     folder = tmp_path_factory.mktemp("publish")
     uri = f"sqlite:///{folder}/mlflow.db"
-    cfg = RunConfig(**dict(OFFLINE, quantization="none", max_steps=6, learning_rate=1e-2, eval_samples=8),
-                    tracking_uri=uri, output_dir=str(folder / "runs"), run_name="to-save")
-    cfgs = [cfg, cfg.replace(quantization="8bit", run_name="eight"), cfg.replace(quantization="4bit", run_name="four")]
+    fields = dict(OFFLINE, quantization="none", max_steps=6, learning_rate=1e-2, eval_samples=8)
+    cfg = RunConfig(**fields, tracking_uri=uri, output_dir=str(folder / "runs"), run_name="to-save")
+    data = folder / "data" / "my_squad.jsonl"
+    data.parent.mkdir()
+    data.write_text("\n".join(json.dumps(row, ensure_ascii=False) for row in synthetic_squad(80)))
+    kept = RunConfig.layered(fields, {"results_folder": str(folder / "results"), "dataset": str(data),
+                                      "run_name": "kept"})
+    cfgs = [cfg, cfg.replace(quantization="8bit", run_name="eight"), cfg.replace(quantization="4bit", run_name="four"),
+            kept]
     runs = train_here(cfgs, folder)
-    return folder, {c.quantization: RunResult.read(uri, runs[c.name].run_id) for c in cfgs}
+    results = {c.quantization: RunResult.read(uri, runs[c.name].run_id) for c in cfgs[:3]}
+    return folder, {**results, "kept": RunResult.read(kept.tracking_uri, runs["kept"].run_id)}
 
 
 def test_a_saved_adapter_reloads_with_the_runs_logits_and_merges(trained):
@@ -110,3 +121,64 @@ def test_push_needs_a_repository_and_a_token_and_nothing_is_written_without_them
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "needs a token" in done.stderr and "Traceback" not in done.stderr
     assert not (folder / "pushed").exists()
+
+
+def test_no_file_in_a_saved_folder_names_a_place_on_this_machine(trained):
+    """dsnb_run.json names the data file and the base by their names alone and leaves out where the run was kept
+    (output_dir, results_folder, tracking_uri); the Trainer's training_args.bin (a pickle of those paths) is left
+    out; what is left still reloads with the run's own logits."""
+    folder, runs = trained
+    result = runs["kept"]
+    for name, merge in (("portable", False), ("portable-merged", True)):
+        saved = folder / name
+        save_model(result, str(saved), merge=merge)
+        assert not (saved / "training_args.bin").exists()
+        for path in saved.rglob("*"):
+            data = path.read_bytes()
+            for place in (str(folder), os.path.expanduser("~"), str(pathlib.Path(folder).resolve())):
+                assert place.encode() not in data, (path, place)
+    config = json.load(open(folder / "portable" / "dsnb_run.json"))["config"]
+    assert config["dataset"] == "my_squad.jsonl" and config["model"] == "synthetic:tiny"
+    assert not {"output_dir", "results_folder", "tracking_uri"} & set(config)
+    model, tokenizer = load_saved(str(folder / "portable"))
+    assert probe_logit_norm(model, tokenizer) == pytest.approx(result.metrics["probe_logit_norm"], rel=1e-5)
+
+
+def test_save_stages_under_a_name_of_its_own_and_leaves_a_users_partial_folder(trained):
+    folder, runs = trained
+    (folder / "out.partial").mkdir()
+    (folder / "out.partial" / "notes.txt").write_text("mine")
+    done = subprocess.run([sys.executable, "-m", "dsnb", "save", "--run_id", runs["none"].run_id, "-o", "out",
+                           "--tracking_uri", runs["none"].tracking_uri], cwd=folder, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (folder / "out.partial" / "notes.txt").read_text() == "mine" and (folder / "out" / "dsnb_run.json").exists()
+    assert not [p.name for p in folder.iterdir() if ".dsnb-" in p.name]  # nothing of dsnb's staging left
+
+
+def test_keep_saves_with_the_results_merges_only_what_it_says_and_a_failed_push_loses_nothing(trained, capsys,
+                                                                                             monkeypatch):
+    """keep saves under <results_folder>/models/ where the run has one; a folder holding the run's adapter is not
+    passed off as merged; with no network the model is saved, the push's failure said in one line that speaks to a
+    notebook (Colab's Secrets, not --token), and the folder returned: Run all goes on to the download cell."""
+    from dsnb.publish import keep
+
+    folder, runs = trained
+    result = runs["kept"]
+    adapter = keep(result)
+    assert adapter == str(folder / "results" / "models" / f"adapter-{result.run_id[:8]}")
+    assert json.load(open(os.path.join(adapter, "dsnb_run.json")))["merged"] is False
+    assert keep(result) == adapter and "already holds run" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=f"already holds run {result.run_id}'s adapter, not the merged model asked "
+                                          "for"):
+        keep(result, folder=adapter, merge=True)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    for token, why in (("", "needs a token: add HF_TOKEN to Colab's Secrets"),
+                       ("hf_x", "the hub did not accept the token or could not be reached")):
+        capsys.readouterr()
+        merged_folder = keep(result, merge=True, push_to="me/model", token=token)
+        out = capsys.readouterr().out.strip().splitlines()
+        assert merged_folder == str(folder / "results" / "models" / f"merged-{result.run_id[:8]}")
+        assert json.load(open(os.path.join(merged_folder, "dsnb_run.json")))["merged"] is True
+        assert out[-1].startswith(f"dsnb: {merged_folder} is saved but was not pushed to me/model: ") and why in out[-1]
+        assert "--token" not in out[-1]

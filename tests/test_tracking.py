@@ -298,3 +298,69 @@ def test_the_loss_curve_is_written_in_batches_and_nothing_is_held_back(workdir):
     slow = Curve(run_id, cfg.tracking_uri, records=1000, seconds=0.0)  # a slow run's curve reaches the UI in time
     slow(11, {"loss": 0.05})
     assert steps()[-1] == 11
+
+
+def test_a_password_with_an_at_sign_and_quotes_reaches_no_output_param_card_or_saved_file(workdir, mlflow_server):
+    """A password that holds an unencoded @ and quotes (the userinfo is everything up to the last @): the run logs
+    through the server, and neither its output, params, tags, artifacts, the saved folder with its card, nor the ui
+    command shows any of it."""
+    uri = mlflow_server.replace("http://", f"http://dsnb-user:p@ss'w\"{SECRET}@")
+    done = dsnb("run", "--offline", "--max_steps", "2", "--eval_samples", "4", "--tracking_uri", uri, "--run_name",
+                "at-sign", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    client = mlflow.MlflowClient(mlflow_server)
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert run.data.params["tracking_uri"] == mlflow_server.replace("http://", "http://***@")
+    for text in (done.stdout + done.stderr, json.dumps([run.data.params, run.data.tags])):
+        assert SECRET not in text and "ss'w" not in text
+    saved = dsnb("save", "--run_id", run.info.run_id, "-o", "saved", "--tracking_uri", uri, cwd=workdir)
+    assert saved.returncode == 0 and SECRET not in saved.stdout + saved.stderr, saved.stderr[-2000:]
+    assert "| held-out questions" in (workdir / "saved" / "README.md").read_text()
+    shown = dsnb("ui", "--tracking_uri", uri, cwd=workdir)
+    assert shown.returncode == 0 and "'http://***@127.0.0.1:" in shown.stdout and SECRET not in shown.stdout
+    client.download_artifacts(run.info.run_id, "", str(workdir / "downloaded"))
+    assert searched_clean(workdir) > 10  # the saved folder, its card, the run's artifacts
+
+
+def test_export_and_unzip_stage_under_names_of_their_own_and_touch_no_users_file(workdir):
+    """Files a user keeps beside the zip (x.zip.partial, the x.partial folder an older dsnb staged into, a folder
+    named like the zip) are never written over or removed."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    create_run(RunConfig(**OFFLINE, tracking_uri=uri, run_name="stored"))
+    (workdir / "x.zip.partial").write_text("mine")
+    (workdir / "x.partial").mkdir()
+    (workdir / "x.partial" / "notes.txt").write_text("mine too")
+    done = dsnb("export", "-o", "x.zip", cwd=workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (workdir / "x.zip.partial").read_text() == "mine"
+    assert "mlflow.db" in zipfile.ZipFile(workdir / "x.zip").namelist()
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    os.replace(workdir / "x.zip", elsewhere / "x.zip")
+    os.replace(workdir / "x.partial", elsewhere / "x.partial")
+    from dsnb.tracking import open_store
+
+    opened = open_store(str(elsewhere / "x.zip"))
+    assert opened == f"sqlite:///{elsewhere}/x/mlflow.db" and (elsewhere / "x.partial" / "notes.txt").exists()
+    (elsewhere / "y").mkdir()
+    (elsewhere / "y" / "thesis.tex").write_text("mine")
+    os.replace(elsewhere / "x.zip", elsewhere / "y.zip")
+    with pytest.raises(ConfigError, match="y exists and holds no mlflow.db, so .*y.zip cannot be unzipped there"):
+        open_store(str(elsewhere / "y.zip"))
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["x", "x.partial", "y", "y.zip"]
+    assert [p.name for p in (elsewhere / "y").iterdir()] == ["thesis.tex"]
+    assert sorted(p.name for p in workdir.iterdir()) == ["elsewhere", "mlflow.db", "mlflow.db.lock", "x.zip.partial"]
+
+
+def test_the_stores_zip_lands_beside_the_store(workdir):
+    """download_store writes into the store's folder (results_folder's, on Drive), not the working directory, never
+    over an earlier zip; a copy for drive_folder is written whole too."""
+    from dsnb.tracking import download_store
+
+    cfg = RunConfig.layered(OFFLINE, {"results_folder": str(workdir / "results"), "run_name": "zipped"})
+    create_run(cfg)
+    first, second = download_store(cfg.tracking_uri), download_store(cfg.tracking_uri, str(workdir / "drive"))
+    assert (first, second) == (str(workdir / "results" / "dsnb_mlflow.zip"),
+                               str(workdir / "results" / "dsnb_mlflow-2.zip"))
+    assert os.listdir(workdir / "drive") == ["dsnb_mlflow-2.zip"]
+    assert not list(workdir.glob("*.zip")) and "mlflow.db" in zipfile.ZipFile(second).namelist()

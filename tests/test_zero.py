@@ -114,3 +114,26 @@ def test_no_per_step_host_sync_where_nothing_needs_it():
     assert built()["bf16"] == built(strategy="zero1")["bf16"] == {"enabled": True, "check_grad_overflow": False}
     assert built(strategy="zero3", quantization="none")["bf16"] == {"enabled": True}
     assert built(dtype="fp16")["bf16"] == {"enabled": False} and built(dtype="fp16")["fp16"] == {"enabled": True}
+
+
+def test_your_deepspeed_json_with_a_key_given_twice_or_nested_too_deep_is_named(tmp_path):
+    """A key given twice in one object of ds_config_path's JSON (readers keep the last, silently: here the second
+    stage) is refused naming it, as in YAML files; so is JSON nested deeper than Python's reader goes."""
+    from dsnb.zero import read_ds_config
+
+    path = tmp_path / "ds.json"
+    cfg = RunConfig(strategy="zero2", ds_config_path=str(path))
+    path.write_text('{"zero_optimization": {"stage": 2, "overlap_comm": true}, "gradient_clipping": 1.0}')
+    assert read_ds_config(cfg)["gradient_clipping"] == 1.0
+    path.write_text('{"zero_optimization": {"stage": 2, "overlap_comm": true, "stage": 3}}')
+    with pytest.raises(ConfigError, match=f"ds_config {path}: the key 'stage' is given twice in one object"):
+        read_ds_config(cfg)
+    path.write_text('{"gradient_clipping": 1.0, "zero_optimization": {}, "gradient_clipping": 0.5}')
+    with pytest.raises(ConfigError, match="the key 'gradient_clipping' is given twice"):
+        read_ds_config(cfg)
+    path.write_text('{"a": ' * 5000 + "1" + "}" * 5000)
+    with pytest.raises(ConfigError, match=f"ds_config {path} is nested too deeply to read; give a DeepSpeed config"):
+        read_ds_config(cfg)
+    path.write_text('{"zero_optimization": ')
+    with pytest.raises(ConfigError, match=f"ds_config {path} is not a DeepSpeed config .*JSONDecodeError"):
+        read_ds_config(cfg)
