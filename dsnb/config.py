@@ -579,11 +579,8 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read_json_file(path: str, what: str, expected: str):
-    """The JSON value in a file a user gives (their DeepSpeed config, a bench baseline), or a ConfigError that begins
-    with `what` (the field or flag and the file) and says it should be `expected`: not JSON, nested deeper than
-    Python's reader goes, or an object that gives a key twice (JSON readers keep the last silently; dsnb's YAML files
-    refuse it too)."""
+def unique_keys(what: str):
+    """A json.load object_pairs_hook that refuses an object giving a key twice, naming it (after `what`)."""
     def unique(pairs):
         seen = set()
         for key, _ in pairs:
@@ -592,9 +589,17 @@ def read_json_file(path: str, what: str, expected: str):
             seen.add(key)
         return dict(pairs)
 
+    return unique
+
+
+def read_json_file(path: str, what: str, expected: str):
+    """The JSON value in a file a user gives (their DeepSpeed config, a bench baseline), or a ConfigError that begins
+    with `what` (the field or flag and the file) and says it should be `expected`: not JSON, nested deeper than
+    Python's reader goes, or an object that gives a key twice (JSON readers keep the last silently; dsnb's YAML files
+    refuse it too)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f, object_pairs_hook=unique)
+            return json.load(f, object_pairs_hook=unique_keys(what))
     except ConfigError:
         raise
     except RecursionError:

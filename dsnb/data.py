@@ -21,7 +21,7 @@ import os
 import random
 import re
 
-from .config import ConfigError, RunConfig, describe
+from .config import ConfigError, RunConfig, describe, unique_keys
 
 PROMPT = "질문: {question}\n답변: {answer}"  # the tutorial's closed-book text
 PASSAGE = "본문: {context}\n질문: {question}\n답변: {answer}"  # reading comprehension: SQuAD's task
@@ -191,9 +191,12 @@ def squad_articles(path: str) -> list[dict] | None:
     by number, and the article's title); None for any other JSON (a list of rows, JSON lines)."""
     try:
         with open(path, encoding="utf-8-sig") as f:  # a byte-order mark, as some Windows editors write, is no text
-            top = json.load(f)
+            top = json.load(f, object_pairs_hook=unique_keys(f"dataset file {path}"))
     except json.JSONDecodeError:  # JSON lines, or not JSON at all: datasets reads or refuses it
         return None
+    except RecursionError:
+        raise ConfigError(f"dataset file {path} is nested too deeply to read; give SQuAD's JSON or JSON lines") \
+            from None
     if not isinstance(top, dict) or not isinstance(top.get("data"), list):
         return None
     rows = []

@@ -301,7 +301,9 @@ def disk_mb(cfg: RunConfig, config, trainable: int) -> tuple[float, float]:
     12 bytes a trained weight, which covers torch AdamW's 8), and two exist while a new one is written."""
     weights, load_bytes = weight_bytes(cfg, config, trainable)
     model = trainable * 4 if cfg.lora_r else total_params(config) * load_bytes
-    checkpoint = model + 12 * trainable if cfg.checkpoint_steps or cfg.checkpoint_minutes else 0
+    # the compiled loop keeps no checkpoints (checkpoint_minutes' default is left unused there)
+    checkpointing = (cfg.checkpoint_steps or cfg.checkpoint_minutes) and not cfg.torch_compile
+    checkpoint = model + 12 * trainable if checkpointing else 0
     return (max(2 * checkpoint, model) + 50 * MB) / MB, (model + 50 * MB) / MB
 
 

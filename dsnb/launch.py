@@ -23,7 +23,7 @@ import threading
 import time
 
 from . import preflight, tracking
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, redact
 from .tracking import RunResult
 
 SWEEP_RUN_ENV = "DSNB_SWEEP_RUN_ID"  # a sweep opens the run, then its notebook's run_variant logs into it
@@ -153,7 +153,11 @@ def stop_all() -> None:
 def _close(run_id: str, cfg: RunConfig, log_file: str, status: str | None) -> str:
     """Attach the log and end the run `status` if its process could not; returns the status the store holds."""
     client = tracking.mlflow_client(cfg.tracking_uri)
-    if os.path.exists(log_file):
+    if os.path.exists(log_file):  # the child's output: a traceback may quote a URI with its credentials
+        with open(log_file, errors="replace") as f:
+            text = f.read()
+        with open(log_file, "w") as f:
+            f.write(redact(text))
         client.log_artifact(run_id, log_file)
     if status:
         tracking.finish(run_id, cfg.tracking_uri, status)
@@ -162,7 +166,7 @@ def _close(run_id: str, cfg: RunConfig, log_file: str, status: str | None) -> st
 
 def _tail(path: str, lines: int = 15) -> str:
     with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
+        return redact("".join(f.readlines()[-lines:]))
 
 
 def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1, tags: list[dict] | None = None,

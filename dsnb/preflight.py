@@ -475,6 +475,10 @@ def check_device(cfg: RunConfig, device: str) -> None:
     """Precision, GPU count and memory budget against this machine's devices."""
     import torch
 
+    if cfg.quantization == "fp8":  # first: a T4 user is told about fp8 before being told to use fp16
+        from . import fp8  # deferred: it loads torch at import
+
+        fp8.check_device(device)
     if device == "cpu" and cfg.dtype == "fp16":
         preset = f" (the {cfg.preset} preset sets it)" if preset_fields(cfg.preset).get("dtype") == "fp16" else ""
         offline = "" if cfg.model.startswith("synthetic:") else " (or DSNB_OFFLINE=1 for the offline default)"

@@ -719,7 +719,10 @@ def save(s: Session, metrics: dict) -> None:
         if s.log:
             import mlflow
 
-            write_card(folder, s.cfg, metrics, mlflow.active_run().info.run_id, "adapter" if s.cfg.lora_r else "full")
+            write_card(folder, s.cfg, metrics, mlflow.active_run().info.run_id, "adapter" if s.cfg.lora_r else "full",
+                       scoring=s.plan.scoring)
+            with contextlib.suppress(FileNotFoundError):  # the Trainer's arguments: they hold this machine's paths
+                os.remove(os.path.join(folder, "training_args.bin"))
             mlflow.log_metric("probe_logit_norm", probe)
             mlflow.log_artifacts(folder, "model")
     if s.log:

@@ -571,3 +571,16 @@ def test_the_data_counts_and_scoring_mode_reach_the_run(tmp_path, workdir):
     assert (params["eval_left_out_answer_cut"], result.metrics["eval_questions"]) == ("4", 1)
     assert run.data.tags["data_warning"] == ("1 of the 20 held-out questions asked (eval_samples): the held-out part "
                                              "holds 6 rows, 5 of them left out")
+
+
+def test_a_dataset_json_that_gives_a_key_twice_or_nests_too_deep_is_named(tmp_path):
+    """JSON readers keep the last of two keys silently: in a SQuAD file that would train one of two questions."""
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"data": [{"title": "t", "paragraphs": [{"context": "Seoul.", "qas": [{"id": "1", '
+                     '"question": "Which?", "question": "What?", "answers": [{"text": "Seoul", "answer_start": 0}]}]}]}]}')
+    with pytest.raises(ConfigError, match="twice.json: the key 'question' is given twice in one object; keep one"):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(twice), num_samples=1)))
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"data": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigError, match="deep.json is nested too deeply to read"):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(deep), num_samples=1)))
