@@ -4,8 +4,8 @@ Colab user meets after a disconnect during the quality check. The second pass mu
     python benchmarks/notebook_rerun.py OUT_DIR WORK_DIR [papermill -p flags ...]
 
 WORK_DIR/content is the runtime's working directory (wiped between the passes) and WORK_DIR/drive/dsnb the results
-folder (kept). Writes OUT_DIR/notebook_rerun.json: each pass's seconds and exit, the moment of the kill, and every run of
-the store (name, status, comparison, repeat); prints it.
+folder (kept). Writes OUT_DIR/notebook_rerun.json: each pass's seconds and exit, the moment of the kill, and every run
+of the store (name, status, comparison, repeat); prints it.
 """
 import json
 import os

@@ -37,7 +37,7 @@ FIT_MARGIN = 0.15  # "fits" keeps this much above the GPU estimate: the worst un
 OUTSIDE_GB = 2.2  # what CUDA takes outside PyTorch's allocator (context, NCCL, compiled kernels): measured 0.75-2.2 GB
 #                   between NVML's figure and the allocator's reserve on the H200 runs, the most taken
 PCIE_GB_S = 5.0  # GB/s between two GPUs over PCIe without NVLink, as NCCL reaches it through the host (assumed; the
-#                  time model's link, timing.LINK_GB_S, is NVLink's as measured on two H200s)
+#                  time model's link, timing.RATES["link_gb_s"], is NVLink's as measured on two H200s)
 NVLINK = ("A100", "H100", "H200")  # the classes whose multi-GPU machines join them by NVLink (SXM boards)
 SAME_MEMORY = 0.05  # memory estimates closer than this are the same (the estimate's 95th-percentile error: 2.8%)
 FITS = ("fits", "tight", "no")
@@ -159,10 +159,10 @@ def predict(cfg: RunConfig, m: Machine, config, masks: dict, lengths: list[int])
     when = time_estimate(cfg, lengths, config, trainable, m.count, m.gpu, len(lengths))
     seconds, rough = when["seconds"], list(when["rough"])
     if m.count > 1 and m.link == "PCIe":  # the time model's link is NVLink's: the gradients' traffic over PCIe instead
-        from .timing import LINK_GB_S, step_parts  # deferred: only a multi-GPU PCIe machine needs them
+        from .timing import RATES, step_parts  # deferred: only a multi-GPU PCIe machine needs them
 
         between = step_parts(cfg, config, trainable, when["micro_batch_tokens"], m.count, m.gpu)["between GPUs"]
-        seconds += when["steps"] * between * (LINK_GB_S / PCIE_GB_S - 1)
+        seconds += when["steps"] * between * (RATES["link_gb_s"] / PCIE_GB_S - 1)
         rough.append(f"two {m.gpu}s over PCIe: the link's {PCIE_GB_S:g} GB/s is assumed")
     gpu_gb, host_gb = est["est_peak_gpu_mb"] * MB / 2**30, est["est_peak_host_mb"] * MB / 2**30 * m.count
     fits, why = judge(cfg, m, gpu_gb, host_gb)

@@ -577,7 +577,8 @@ def test_a_dataset_json_that_gives_a_key_twice_or_nests_too_deep_is_named(tmp_pa
     """JSON readers keep the last of two keys silently: in a SQuAD file that would train one of two questions."""
     twice = tmp_path / "twice.json"
     twice.write_text('{"data": [{"title": "t", "paragraphs": [{"context": "Seoul.", "qas": [{"id": "1", '
-                     '"question": "Which?", "question": "What?", "answers": [{"text": "Seoul", "answer_start": 0}]}]}]}]}')
+                     '"question": "Which?", "question": "What?", '
+                     '"answers": [{"text": "Seoul", "answer_start": 0}]}]}]}]}')
     with pytest.raises(ConfigError, match="twice.json: the key 'question' is given twice in one object; keep one"):
         load_records(RunConfig(**dict(OFFLINE, dataset=str(twice), num_samples=1)))
     deep = tmp_path / "deep.json"
