@@ -28,7 +28,8 @@ from .compare import compare  # noqa: E402  shadow the function once any code im
 # the setup cell's own installer) runs where torch, DeepSpeed or peft are not installed.
 _WHERE = {
     "OFFLINE": "config", "ConfigError": "config", "RunConfig": "config", "tutorial_pair": "config",
-    "from_notebook": "notebook", "preview": "notebook", "check": "preflight", "pick_device": "preflight",
+    "from_notebook": "notebook", "preview": "notebook", "compared_runs": "notebook", "check": "preflight",
+    "pick_device": "preflight",
     "run_variant": "launch", "run_all": "launch", "quality_check": "compare",
     "compare_table": "report", "verdict": "report", "same_work": "report", "plot_runs": "report", "answers": "report",
     "quality_verdict": "report", "find_runs": "report", "savings_table": "report", "best_for_budget": "report",

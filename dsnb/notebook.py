@@ -1,6 +1,7 @@
 """The notebooks' entry: their parameters cell becomes a validated RunConfig.
 
     cfg = dsnb.from_notebook(globals())     # in the first dsnb cell, after the parameters cell
+    runs = dsnb.compared_runs(dsnb.from_notebook(globals(), check=False))   # notebook 03: a store's runs
 
 A value counts as set on purpose when a cell other than the parameters cell assigned it (papermill's
 injected cell, or a cell of your own), or when the parameters cell holds another value than its
@@ -14,16 +15,21 @@ import os
 
 from . import preflight
 from .config import OFFLINE_ENV, RENAMED, ConfigError, RunConfig, field_names, offline_requested
+from .report import find_runs
+from .tracking import mlflow_client, open_store
 
 
-def from_notebook(namespace: dict) -> RunConfig:
-    """A RunConfig from a notebook's parameters (the fields found in `namespace`), checked against this machine; on
-    Colab, a results_folder on Drive is mounted first (Colab asks for access once)."""
+def from_notebook(namespace: dict, check: bool = True) -> RunConfig:
+    """A RunConfig from a notebook's parameters (the fields found in `namespace`), checked against this machine unless
+    check is False (a notebook that only reads a store); on Colab, a results_folder on Drive is mounted first (Colab
+    asks for access once)."""
     offline = offline_requested()
     cfg = RunConfig.layered(explicit_parameters(namespace), offline=offline)
     on_colab = "COLAB_RELEASE_TAG" in os.environ
     if on_colab and cfg.results_folder.startswith(DRIVE):
         mount_drive()
+    if not check:
+        return cfg
     preflight.check(cfg)  # a bad parameter fails here, in the notebook's first dsnb cell
     source = f"{OFFLINE_ENV}=1: the offline default" if offline else f"{OFFLINE_ENV} unset: the tutorial's defaults"
     print(f"{source}; model {cfg.model}, dataset {cfg.dataset}, {cfg.derived_name()}")
@@ -34,6 +40,16 @@ def from_notebook(namespace: dict) -> RunConfig:
 
 
 DRIVE = "/content/drive"
+QUALITY_PRESET = "quality"  # compare.quality_check's runs: another model on other data, no variant of a comparison
+
+
+def compared_runs(cfg: RunConfig) -> list:
+    """The newest run of each name in cfg's store (an uploaded zip too) and experiment, the quality check's left out:
+    it lands in the pair's experiment, and its toy model's speed and memory would be compared with the pair's."""
+    uri = open_store(cfg.tracking_uri)
+    client = mlflow_client(uri)
+    return [r for r in find_runs(uri, cfg.experiment)
+            if client.get_run(r.run_id).data.params.get("preset") != QUALITY_PRESET]
 
 
 def mount_drive() -> None:

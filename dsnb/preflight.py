@@ -9,6 +9,7 @@ say about itself alone is RunConfig's own validation.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from .model import SYNTHETIC_VERSION, cache_dir, model_config, resolve_model, sy
 from .zero import deepcompile_asked, read_ds_config
 
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
-STALE_BUILD_S = 1800  # a JIT build lock older than this is left from a killed build (one takes ~7 min on 2 cores)
+BUILDER_FILE = "dsnb-builder"  # in an op's build folder, beside torch's lock: see builder_lock
 _CHECKED: set[str] = set()  # configs this process has already checked (a sweep's kernel sees each twice)
 
 
@@ -562,29 +563,87 @@ def check_arch_list(op: str) -> None:
 
 
 def op_built(builder, what: str) -> bool:
-    """Whether a DeepSpeed op is built (installed with DeepSpeed, or JIT-built here before); a stale build lock is
-    an error."""
+    """Whether a DeepSpeed op is built (installed with DeepSpeed, or JIT-built here before); a build lock left by a
+    killed build is taken over first."""
     import deepspeed.git_version_info as installed
-    from torch.utils.cpp_extension import _get_build_directory
 
     check_build_lock(builder, what)
-    folder = _get_build_directory(builder.name, False)
+    folder = build_folder(builder)
     return bool(installed.installed_ops.get(builder.name)) or os.path.isfile(os.path.join(folder, f"{builder.name}.so"))
 
 
-def check_build_lock(builder, what: str) -> None:
-    """A build killed part way leaves its lock behind, and every later run waits on it without a word."""
+def build_folder(builder) -> str:
+    """Where torch JIT-builds the op (made if missing): its objects, its .so and torch's build lock, a file named
+    `lock` that a build creates and removes when it ends."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    lock = os.path.join(_get_build_directory(builder.name, False), "lock")
-    if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > STALE_BUILD_S:
-        raise ConfigError(f"{lock} is left from an interrupted build of DeepSpeed's {what} op, and the run would "
-                          "wait on it for ever; delete that file and run again")
+    return _get_build_directory(builder.name, False)
+
+
+@contextlib.contextmanager
+def builder_lock(folder: str, wait: bool):
+    """dsnb's own lock on a build folder, held while a dsnb process builds there: an flock (the kernel drops it when
+    its holder dies, however it dies) on a file that names the holder's process id. Yields whether it is held (never
+    False when wait)."""
+    import fcntl
+
+    with open(os.path.join(folder, BUILDER_FILE), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            f.seek(0)
+            print(f"dsnb: process {f.read().strip() or '?'} is building in {folder}; waiting for it", flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        yield True
+
+
+def working_in(folder: str) -> bool:
+    """Whether a live process has `folder` as its working directory: torch runs ninja, and ninja the compilers, in
+    the build folder, so a build whose python was killed alone still shows here until its compilers end."""
+    folder = os.path.realpath(folder)
+    for cwd in glob.glob("/proc/[0-9]*/cwd"):
+        with contextlib.suppress(OSError):  # a process that ended, or one we may not look at
+            if os.readlink(cwd) == folder:
+                return True
+    return False
+
+
+def take_over_lock(folder: str, what: str) -> bool:
+    """Remove torch's build lock where no process builds in `folder` (call it holding builder_lock, so that no dsnb
+    build is between taking torch's lock and starting ninja); False where a build is still under way."""
+    lock = os.path.join(folder, "lock")
+    if not os.path.exists(lock):
+        return True
+    if working_in(folder):
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(lock)
+        print(f"dsnb: took over the build lock of DeepSpeed's {what} op, left by a build that was killed ({lock})",
+              flush=True)
+    return True
+
+
+def check_build_lock(builder, what: str) -> None:
+    """A build killed part way leaves torch's lock behind, and every later build would wait on it for ever without a
+    word: where no process builds there any more, it is taken over at once; a build under way is left to finish."""
+    folder = build_folder(builder)
+    if not os.path.exists(os.path.join(folder, "lock")):
+        return
+    with builder_lock(folder, wait=False) as held:
+        if not (held and take_over_lock(folder, what)):
+            print(f"dsnb: another process is building DeepSpeed's {what} op; this run waits for it", flush=True)
 
 
 def prepare() -> None:
     """What a fresh machine (Colab) needs once after installing: the GPU reported, DeepSpeed's CPU Adam built (which
-    the tutorial's offload variant uses), with how long it took."""
+    the tutorial's offload variant uses) or, where it was built before, loaded to check it, with how long it took.
+    Killed at any moment, the next prepare takes the build over (see check_build_lock)."""
     import torch
 
     if torch.cuda.is_available():
@@ -595,16 +654,30 @@ def prepare() -> None:
     else:
         print("No GPU visible: on Colab pick Runtime > Change runtime type > GPU, or set DSNB_OFFLINE=1 to run offline "
               "on the CPU")
+    import deepspeed.git_version_info as installed
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
-    if op_built(CPUAdamBuilder(), "CPU Adam"):
-        print("DeepSpeed's CPU Adam is built")
+    builder = CPUAdamBuilder()
+    if installed.installed_ops.get(builder.name):
+        print("DeepSpeed's CPU Adam is built (installed with DeepSpeed)")
         return
-    print(f"Building DeepSpeed's CPU Adam (optimizer offload needs it): about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, "
-          "once per machine ...", flush=True)
-    started = time.perf_counter()
-    CPUAdamBuilder().load(verbose=False)
-    print(f"DeepSpeed's CPU Adam built in {time.perf_counter() - started:.0f} s")
+    folder = build_folder(builder)
+    library = os.path.join(folder, f"{builder.name}.so")
+    with builder_lock(folder, wait=True):
+        if not take_over_lock(folder, "CPU Adam"):
+            print(f"dsnb: a build's compilers still run in {folder} (its python was killed); waiting for them to end",
+                  flush=True)
+            while not take_over_lock(folder, "CPU Adam"):
+                time.sleep(1)
+        before = os.path.getmtime(library) if os.path.isfile(library) else None
+        if before is None:
+            print(f"Building DeepSpeed's CPU Adam (optimizer offload needs it): about {CPU_ADAM_BUILD_MIN} minutes on "
+                  "2 cores, once per machine ...", flush=True)
+        started = time.perf_counter()
+        builder.load(verbose=False)  # ninja rebuilds what a killed build left unfinished, then the op is imported
+    took = time.perf_counter() - started
+    rebuilt = before is None or os.path.getmtime(library) != before
+    print(f"DeepSpeed's CPU Adam built in {took:.0f} s" if rebuilt else "DeepSpeed's CPU Adam is built (loaded)")
 
 
 def check_nvme_space(path: str, needed_mb: float) -> None:

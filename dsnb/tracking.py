@@ -497,25 +497,48 @@ def open_store(tracking_uri: str) -> str:
 def show_ui(tracking_uri: str, port: int = 5000):
     """The MLflow UI for this store: on Colab, started here on 127.0.0.1 and shown inside the notebook (Colab serves a
     kernel port in an output frame; nothing is exposed to the network); elsewhere, the command that opens it."""
-    import subprocess
-    import urllib.request
-
     uri = resolve_uri(existing_store(open_store(tracking_uri)))
     try:
         from google.colab import output
     except ImportError:
         print(f"Open the runs side by side: {ui_command(uri, port=port)}")
         return None
-    subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                      "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
-    for _ in range(120):
+    start_ui(uri, port)
+    return output.serve_kernel_port_as_iframe(port, height=800)
+
+
+# Where Colab's proxy serves a kernel port (the Host and the Origin it passes on): <port>-<runtime>.<region>.prod.
+# colab.dev, and before it <...>.colab.googleusercontent.com.
+COLAB_PROXY_HOSTS = ("*.prod.colab.dev", "*.colab.googleusercontent.com")
+
+
+def ui_server_command(tracking_uri: str, port: int) -> list[str]:
+    """The `mlflow ui` that show_ui starts: bound to 127.0.0.1 only; answering the Host header of Colab's proxy
+    (MLflow 3 answers any other than localhost's with 403 "Invalid Host header") and its pages' POSTs from the proxy's
+    origin (the run search is one; MLflow blocks cross-origin writes); and with no X-Frame-Options, since Colab shows it
+    in a frame of another origin (MLflow's default SAMEORIGIN leaves that frame blank)."""
+    hosts = ["localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*", *COLAB_PROXY_HOSTS]
+    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1",
+            "--port", str(port), "--allowed-hosts", ",".join(hosts),
+            "--cors-allowed-origins", ",".join(f"https://{host}" for host in COLAB_PROXY_HOSTS),
+            "--x-frame-options", "NONE"]
+
+
+def start_ui(tracking_uri: str, port: int, wait_s: float = 60):
+    """ui_server_command started in a session of its own (it outlives the cell), once it answers (or wait_s passed)."""
+    import subprocess
+    import urllib.request
+
+    server = subprocess.Popen(ui_server_command(tracking_uri, port), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + wait_s
+    while time.time() < deadline and server.poll() is None:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
             break
         except OSError:
             time.sleep(0.5)
-    return output.serve_kernel_port_as_iframe(port, height=800)
+    return server
 
 
 def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:

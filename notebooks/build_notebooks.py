@@ -8,6 +8,7 @@ NBVAL_CHECK_OUTPUT against them.
 """
 import os
 import sys
+import tomllib
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
@@ -15,10 +16,12 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from dsnb.config import RunConfig, field_docs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Where the project is published: the Colab badges open its notebooks there, and the setup cell installs dsnb from
-# it unless DSNB_SOURCE says otherwise. Change it here (and rebuild) if you publish elsewhere.
-REPO = "dsnb-dev/dsnb"
-SOURCE = f"git+https://github.com/{REPO}"
+# Where the project is published, named once, in pyproject.toml's [project.urls]: the Colab badges open its notebooks
+# there, and the setup cell installs dsnb from it unless an upload or DSNB_SOURCE says otherwise.
+with open(os.path.join(HERE, "..", "pyproject.toml"), "rb") as f:
+    REPOSITORY = tomllib.load(f)["project"]["urls"]["Repository"]
+REPO = REPOSITORY.removeprefix("https://github.com/")
+SOURCE = f"git+{REPOSITORY}"
 
 
 def badge(name):
@@ -27,8 +30,10 @@ def badge(name):
 
 
 def setup(read_only: bool = False) -> str:
-    """The setup cell: on Colab only, dsnb and only what the runtime lacks, then (unless read_only) CPU Adam; a runtime
-    without a GPU is told how to switch before anything installs."""
+    """The setup cell: on Colab only, dsnb and only what the runtime lacks, then (unless read_only) CPU Adam, each
+    step's lines shown as they come; a runtime without a GPU is told how to switch before anything installs. Its
+    source: DSNB_SOURCE, else a dsnb wheel or zip uploaded to /content, else one on Drive (mounted first, since a new
+    runtime after a disconnect has not mounted it yet), else the project's repository."""
     gpu = "" if read_only else """
     import torch
     if not torch.cuda.is_available() and not os.environ.get("DSNB_OFFLINE"):
@@ -38,18 +43,24 @@ def setup(read_only: bool = False) -> str:
     steps = '["dsnb.install", "--read"]' if read_only else '["dsnb.install"]'
     return f"""# Colab only (elsewhere run `bash setup.sh` once): dsnb, then only {what} (Colab's own
 # torch, transformers, datasets ... stay where their versions serve dsnb){then}. Log: dsnb_setup.log.
-DSNB_SOURCE = ""  # empty: a dsnb .whl or .zip you uploaded to /content or MyDrive, else {SOURCE}
+DSNB_SOURCE = ""  # empty: a dsnb .whl or .zip uploaded to /content, else to MyDrive, else {SOURCE}
 import glob, os, subprocess, sys
 if os.environ.get("COLAB_RELEASE_TAG") and not os.path.isfile("dsnb_setup.log"):{gpu}
-    uploads = sorted(glob.glob("/content/dsnb*.whl") + glob.glob("/content/dsnb*.zip")
-                     + glob.glob("/content/drive/MyDrive/dsnb*.whl"))
-    source = DSNB_SOURCE or os.environ.get("DSNB_SOURCE") or (uploads[-1] if uploads else "{SOURCE}")
-    log = ""
-    for step in (["pip", "install", "-q", "--no-deps", source], {steps}):
-        run = subprocess.run([sys.executable, "-m", *step], capture_output=True, text=True)
-        print(run.stdout[-3000:], end="")
-        log += run.stdout + run.stderr
-        if run.returncode:
+    source = DSNB_SOURCE or os.environ.get("DSNB_SOURCE")
+    uploads = sorted(glob.glob("/content/dsnb*.whl") + glob.glob("/content/dsnb*.zip"))
+    if not (source or uploads):  # one kept on Drive: a new runtime has not mounted it yet
+        from google.colab import drive
+        drive.mount("/content/drive")
+        uploads = sorted(glob.glob("/content/drive/MyDrive/dsnb*.whl") + glob.glob("/content/drive/MyDrive/dsnb*.zip"))
+    source = source or (uploads[-1] if uploads else "{SOURCE}")
+    env, log = {{**os.environ, "PIP_ROOT_USER_ACTION": "ignore", "GIT_TERMINAL_PROMPT": "0"}}, ""
+    for step in (["pip", "install", "-q", "--disable-pip-version-check", "--no-deps", source], {steps}):
+        run = subprocess.Popen([sys.executable, "-m", *step], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env)
+        for line in run.stdout:  # as they come: the build takes minutes
+            print(line, end="")
+            log += line
+        if run.wait():
             open("dsnb_setup_failed.log", "w").write(log)
             raise SystemExit(f"dsnb could not be set up from {{source}}: upload a dsnb wheel or the repository's zip "
                              "to /content, or set DSNB_SOURCE; then run again (dsnb_setup_failed.log says why)")
@@ -72,9 +83,13 @@ running the notebook again after a disconnect keeps the finished runs and resume
 The plan below says how long the pair will take on this GPU before anything trains."""
 
 
+FIRST = ["preset", "results_folder"]  # what a Colab user sets first, at the top of every parameters cell
+
+
 def parameters_cell(names=None):
+    """The parameters cell: `names` (every RunConfig field unless given) after FIRST, each with its default and doc."""
     defaults, docs = RunConfig().to_dict(), field_docs()
-    names = names or list(defaults)
+    names = FIRST + [name for name in names or defaults if name not in FIRST]
     lines = [f"{name}: {type(defaults[name]).__name__} = {defaults[name]!r}  # {docs[name]}" for name in names]
     cell = new_code_cell("\n".join(lines))
     cell.metadata["tags"] = ["parameters"]
@@ -214,18 +229,20 @@ are sizing for: 15 for a T4, 22 for an L4, 40 or 80 for an A100. In a new Colab 
         new_code_cell(setup(read_only=True)),
         new_markdown_cell("## Parameters"),
         parameters_cell(["tracking_uri", "experiment", "memory_budget_gb"]),
-        new_markdown_cell("## The runs"),
-        new_code_cell("import dsnb\n\nruns = dsnb.find_runs(dsnb.open_store(tracking_uri), experiment)\n"
-                      "dsnb.compare_table(runs)"),
+        new_markdown_cell("## The runs\nThe newest run of each name in the experiment, from `results_folder`'s store "
+                          "(Drive is mounted first) or `tracking_uri` (an uploaded zip too). The quality check's runs "
+                          "train another model on other data, so they are left out of the comparison."),
+        new_code_cell("import dsnb\n\ncfg = dsnb.from_notebook(globals(), check=False)\n"
+                      "runs = dsnb.compared_runs(cfg)\ndsnb.compare_table(runs)"),
         new_markdown_cell("## Memory saved and speed lost against the baseline"),
         new_code_cell("dsnb.savings_table(runs)"),
         new_code_cell("dsnb.plot_runs(runs, log=False)"),
         new_markdown_cell("## The fastest variant that fits the budget\nPeak GPU memory as NVML saw it "
                           "(the CUDA context included), against `memory_budget_gb`; a run on the CPU took none."),
-        new_code_cell("print(dsnb.best_for_budget(runs, memory_budget_gb))"),
+        new_code_cell("print(dsnb.best_for_budget(runs, cfg.memory_budget_gb))"),
         new_markdown_cell("## Every run in MLflow's UI\nOn Colab it opens below, inside the notebook (served from this "
                           "runtime on 127.0.0.1); elsewhere the command that opens it for this store is printed."),
-        new_code_cell("dsnb.show_ui(tracking_uri)"),
+        new_code_cell("dsnb.show_ui(cfg.tracking_uri)"),
     ]
 
 

@@ -1,12 +1,16 @@
 """The Colab path, rehearsed as closely as a CPU machine allows, and the hub path where a hub can be reached.
 
 Colab itself cannot be reached from where dsnb is built: the rehearsal gives a fresh Python that already has torch
-(as Colab does, and whose build must stay), sets COLAB_RELEASE_TAG (which Colab sets), and executes notebook 01
-from its first cell, the setup cell included, with this checkout as DSNB_SOURCE and the offline defaults.
+(as Colab does, and whose build must stay) and Colab's versions of the packages dsnb shares with it (COLAB_PACKAGES,
+Colab's own list), sets COLAB_RELEASE_TAG (which Colab sets), and executes notebook 01 from its first cell, the setup
+cell included, with this checkout as DSNB_SOURCE and the offline defaults.
 """
+import contextlib
 import json
 import os
 import pathlib
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +19,24 @@ import mlflow
 import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
+COLAB_PACKAGES = ROOT / "tests" / "colab_packages.txt"  # Colab's `pip freeze` (its header says which image)
+# The packages dsnb needs that Colab has, with what they need at Colab's versions: installed at those versions into the
+# rehearsal's Python (small wheels; Colab's CUDA torch 2.11, a multi-GB wheel, and its Python 3.12 are not installed:
+# the CPU torch and the Python here stand in).
+COLAB_STACK = ("transformers", "peft", "accelerate", "datasets", "tokenizers", "huggingface-hub", "safetensors",
+               "pyarrow", "fsspec", "dill", "multiprocess", "xxhash", "hf-xet", "typer")
+
+
+def colab_versions() -> dict[str, str]:
+    """Colab's packages, name -> version, from COLAB_PACKAGES."""
+    lines = COLAB_PACKAGES.read_text().splitlines()
+    return dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
+
+
+def dsnb_requirements() -> list[str]:
+    """This checkout's requirements.txt, which dsnb's package metadata lists."""
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def colab_python(tmp_path, fresh: bool) -> str:
@@ -23,7 +45,8 @@ def colab_python(tmp_path, fresh: bool) -> str:
     fresh: an empty environment (torch and the kernel installed into it), so the setup cell installs every
     requirement and builds CPU Adam from nothing. Otherwise it sees the packages of the Python running the tests
     (Colab also comes with many installed) through a .pth file, which works whether that Python is a virtual
-    environment or the system's (a venv's --system-site-packages would give the base Python's instead)."""
+    environment or the system's (a venv's --system-site-packages would give the base Python's instead), with
+    COLAB_STACK at Colab's versions installed in front of them."""
     import site
 
     import torch
@@ -40,6 +63,10 @@ def colab_python(tmp_path, fresh: bool) -> str:
                                  capture_output=True, text=True, check=True).stdout.strip()
         ours = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
         pathlib.Path(purelib, "running-python.pth").write_text("\n".join(ours) + "\n")
+        colab = {name.lower().replace("_", "-"): version for name, version in colab_versions().items()}
+        subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        *[f"{name}=={colab[name]}" for name in COLAB_STACK]], check=True, timeout=1200,
+                       env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
     subprocess.run([python, "-m", "ipykernel", "install", "--prefix", str(venv), "--name", "colab"], check=True,
                    capture_output=True)
     return python
@@ -85,8 +112,9 @@ def rehearse(tmp_path, fresh: bool, kill: bool) -> dict:
         target = wait_for_steps(work, first, "With_DeepSpeed", 3)
         import psutil  # the kernel and the variant's process run in sessions of their own: each is killed
 
-        for process in [psutil.Process(first.pid), *psutil.Process(first.pid).children(recursive=True)]:
-            process.kill()
+        if first.poll() is None:  # else it ended by itself (the assertion below shows how)
+            for process in [psutil.Process(first.pid), *psutil.Process(first.pid).children(recursive=True)]:
+                process.kill()
         first.wait()
         assert target is not None, first.stdout.read()[-4000:]
         client = mlflow.MlflowClient(f"sqlite:///{work}/mlflow.db")
@@ -97,8 +125,9 @@ def rehearse(tmp_path, fresh: bool, kill: bool) -> dict:
     text = outputs(work / "01.ipynb")
     log = (work / "dsnb_setup.log").read_text()  # the setup cell's own record (a rerun in one runtime skips it)
     assert "dsnb setup: ready in" in log and "DeepSpeed's CPU Adam" in log
+    assert not re.search(r"ERROR|WARNING|Traceback|requires .* which is not installed", log), log
     where = subprocess.run([python, "-c", "import dsnb, torch; print(dsnb.__file__, torch.__version__)"],
-                           capture_output=True, text=True, cwd=work).stdout.split()
+                           capture_output=True, text=True, cwd=work, env=env).stdout.split()
     import torch
 
     assert where[0].startswith(str(venv)) and where[1] == torch.__version__  # installed from the source; torch kept
@@ -144,8 +173,9 @@ def wait_for_steps(work, child, name: str, steps: int, timeout: float = 1200) ->
 
 @pytest.mark.integration
 def test_colab_rehearsal_survives_a_killed_kernel_and_leaves_colabs_packages_alone(tmp_path):
-    """Notebook 01 from its setup cell, killed mid-run, run all again: it resumed and finished; the setup added dsnb
-    and changed nothing Colab had."""
+    """Notebook 01 from its setup cell, with Colab's transformers, peft, accelerate, datasets and pyarrow, killed
+    mid-run, run all again: it resumed and finished; the setup added dsnb, changed nothing Colab had and printed no
+    error or warning."""
     facts = rehearse(tmp_path, fresh=False, kill=True)
     assert set(facts["added"]) <= {"dsnb"} and facts["changed"] == [], facts  # dsnb lands in the venv (checked)
     (tmp_path / "install.json").write_text(json.dumps(facts))
@@ -158,6 +188,212 @@ def test_colab_rehearsal_from_an_empty_environment(tmp_path):
     facts = rehearse(tmp_path, fresh=True, kill=False)
     assert "torch" not in facts["changed"], facts
     print(f"setup: {facts}")
+
+
+def test_dsnbs_bounds_accept_every_package_colab_has():
+    """Against Colab's own package list, the install plan installs only what Colab lacks (DeepSpeed, bitsandbytes,
+    MLflow, GPUtil): transformers 5.9, peft 0.19, accelerate 1.13, datasets 4.0 and pyarrow 18.1 are kept, pinned."""
+    from dsnb.install import norm, plan, requirement_class
+
+    colab = colab_versions()
+    install, everything, own = plan(dsnb_requirements(), colab)
+    names = {norm(requirement_class()(text).name) for text in install}
+    assert names == {"deepspeed", "bitsandbytes", "mlflow", "gputil"}, install
+    pinned = dict(p.split("==") for p in everything)
+    for name in ("transformers", "peft", "accelerate", "datasets", "pyarrow", "python-dateutil", "torch"):
+        assert pinned[name] == colab[name], name
+    assert "torch==2.11.0+cu128" in own
+
+
+@pytest.mark.integration
+def test_the_install_plan_resolves_against_colabs_packages_and_changes_none(tmp_path):
+    """pip, asked as dsnb.install asks it (every installed package pinned), in a Python whose installed packages are
+    Colab's own list (their metadata only), resolves what dsnb lacks without upgrading or downgrading any of them."""
+    venv = tmp_path / "colab-metadata"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    purelib = pathlib.Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                          capture_output=True, text=True, check=True).stdout.strip())
+    colab = colab_versions()
+    for name, version in colab.items():  # what pip reads of an installed package: its name and version
+        info = purelib / f"{re.sub(r'[-.]+', '_', name)}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "RECORD").write_text("")
+    script = ("import importlib.util, json, sys\n"  # the module alone: this Python has no dsnb (nor its yaml)
+              "spec = importlib.util.spec_from_file_location('install', sys.argv[1])\n"
+              "install = importlib.util.module_from_spec(spec); spec.loader.exec_module(install)\n"
+              "wanted, everything, _ = install.plan(json.loads(sys.argv[2]))\n"
+              "code, out = install.pip_install(wanted, everything)\n"
+              "print(json.dumps({'install': wanted, 'code': code, 'out': out}))")
+    report = tmp_path / "report.json"
+    done = subprocess.run([python, "-c", script, str(ROOT / "dsnb" / "install.py"), json.dumps(dsnb_requirements())],
+                          capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PIP_DRY_RUN": "1", "PIP_REPORT": str(report)})
+    assert done.stdout, done.stderr[-3000:]
+    facts = json.loads(done.stdout.splitlines()[-1])
+    assert facts["code"] == 0, facts["out"][-3000:]
+    from dsnb.install import norm
+
+    ours = {norm(name) for name in colab}
+    added = {norm(r["metadata"]["name"]): r["metadata"]["version"] for r in json.loads(report.read_text())["install"]}
+    assert {"deepspeed", "bitsandbytes", "mlflow", "gputil"} <= set(added), added
+    assert not set(added) & ours, {name: (colab_versions().get(name), added[name]) for name in set(added) & ours}
+    print(f"added beside Colab's packages: {added}")
+
+
+@pytest.mark.integration
+def test_a_dsnb_wheel_on_drive_is_found_in_a_new_runtime(tmp_path):
+    """After a disconnect Drive is not mounted: the setup cell mounts it before it looks for the wheel kept there
+    (Colab's drive module stands in as one that shows MyDrive once mount is called; /content is a folder here)."""
+    content, drive = tmp_path / "content", tmp_path / "drive-files"
+    (drive / "MyDrive").mkdir(parents=True)
+    content.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT), "-w",
+                    str(drive / "MyDrive")], check=True, capture_output=True, timeout=600)
+    fake = tmp_path / "colab-module" / "google" / "colab"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "drive.py").write_text(f"import os\n\n\ndef mount(path):\n    os.symlink({str(drive)!r}, path)\n")
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / "03_compare_runs.ipynb", 4)  # its setup installs no CPU Adam: quick
+    setup = next(c.source for c in nb.cells if c.cell_type == "code" and "COLAB_RELEASE_TAG" in c.source)
+    python = colab_python(tmp_path, fresh=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("DSNB_SOURCE", "VIRTUAL_ENV")}
+    done = subprocess.run([python, "-c", setup.replace("/content", str(content))], cwd=content, capture_output=True,
+                          text=True, timeout=1200, env={**env, "COLAB_RELEASE_TAG": "rehearsal",
+                                                        "PYTHONPATH": str(fake.parent.parent)})
+    wheel = next((drive / "MyDrive").glob("dsnb-*.whl")).name
+    assert f"dsnb set up from {content}/drive/MyDrive/{wheel}" in done.stdout, done.stdout[-3000:] + done.stderr
+    where = subprocess.run([python, "-c", "import dsnb; print(dsnb.__file__)"], capture_output=True, text=True,
+                           cwd=tmp_path, env={k: v for k, v in env.items() if k != "PYTHONPATH"}).stdout
+    assert where.startswith(str(tmp_path / "colab-python")), where
+
+
+def build_state(folder: pathlib.Path) -> dict:
+    """What a CPU Adam build in `folder` is doing: torch's lock there, processes working in it, objects made."""
+    import psutil
+
+    working = []
+    for process in psutil.process_iter(["cwd"]):
+        if process.info["cwd"] == str(folder):
+            working.append(process.pid)
+    return {"lock": (folder / "lock").exists(), "working": working, "objects": len(list(folder.glob("*.o"))),
+            "library": (folder / "cpu_adam.so").exists()}
+
+
+def setup_killed_when(env: dict, folder: pathlib.Path, moment, everything: bool, timeout: float = 1800) -> str:
+    """`python -m dsnb.install` (the setup cell's second step) SIGKILLed once `moment(build_state)` holds, its output.
+    everything: it and every process under it, the compilers included (nothing of the build goes on); else its process
+    group, as a Jupyter kernel restart kills the kernel's: ninja starts each compiler in a group of its own, so the
+    compilers go on, orphaned."""
+    child = subprocess.Popen([sys.executable, "-m", "dsnb.install"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + timeout
+    try:
+        while child.poll() is None and time.time() < deadline and not moment(build_state(folder)):
+            time.sleep(0.05)
+        assert child.poll() is None, f"the setup ended before its moment came:\n{child.stdout.read()[-3000:]}"
+        assert time.time() < deadline, f"the moment never came in {timeout:.0f} s (a wedged build lock?)"
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        if everything:
+            end_the_build(folder)
+        child.wait()
+    return child.stdout.read()
+
+
+def end_the_build(folder: pathlib.Path) -> None:
+    """Whatever still works in `folder` (compilers, and what they start while they are killed), killed."""
+    import psutil
+
+    while working := build_state(folder)["working"]:
+        for pid in working:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+        time.sleep(0.2)
+
+
+@pytest.mark.integration
+def test_a_setup_killed_while_it_builds_cpu_adam_finishes_when_run_again(tmp_path):
+    """The setup killed during DeepSpeed's CPU Adam build, each kill leaving torch's build lock behind: with its
+    compilers, as a kernel restart does (the compilers go on), and as the library is written. Each run after takes
+    the lock over (at once, or once the orphaned compilers end) and goes on; the last finishes; each says what it does
+    and how many seconds have passed."""
+    folder = tmp_path / "ext" / "cpu_adam"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "PYTHONUNBUFFERED": "1"}
+    compiling = lambda state: state["lock"] and state["working"]  # noqa: E731
+    outputs = []
+    try:
+        outputs.append(setup_killed_when(env, folder, compiling, everything=True))
+        assert build_state(folder)["lock"] and not build_state(folder)["working"]  # left behind, as torch leaves it
+        outputs.append(setup_killed_when(env, folder, compiling, everything=False))
+        assert build_state(folder)["lock"] and build_state(folder)["working"]  # and its compilers go on
+        outputs.append(setup_killed_when(env, folder, lambda state: state["library"], everything=True))
+        started = time.time()
+        done = subprocess.run([sys.executable, "-m", "dsnb.install"], env=env, capture_output=True, text=True,
+                              timeout=1800)
+    finally:
+        end_the_build(folder)
+    outputs.append(done.stdout + done.stderr)
+    assert done.returncode == 0 and "dsnb setup: ready in" in outputs[-1], outputs[-1][-3000:]
+    print(f"the last run took {time.time() - started:.0f} s")
+    assert "took over the build lock of DeepSpeed's CPU Adam op" in outputs[1]  # the first kill's, at once
+    assert "compilers still run" in outputs[2] and "took over the build lock" in outputs[2]  # once they ended
+    assert any(re.search(r"dsnb setup: DeepSpeed's CPU Adam: \d+ s", text) for text in outputs), outputs
+    assert not build_state(folder)["lock"]
+    loaded = subprocess.run([sys.executable, "-c", "from deepspeed.ops.op_builder import CPUAdamBuilder; "
+                             "CPUAdamBuilder().load(verbose=False); print('loaded')"], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert loaded.stdout.strip().endswith("loaded"), loaded.stderr[-2000:]
+
+
+@pytest.fixture
+def fuse_folder(tmp_path):
+    """A folder on a FUSE mount, as Drive is on Colab (there through Google's own FUSE file system, here bindfs over a
+    temporary folder: setup.sh installs it); a skip that says why where no FUSE mount can be made."""
+    import shutil
+
+    bindfs, backing, mount = shutil.which("bindfs"), tmp_path / "backing", tmp_path / "fuse"
+    if not (bindfs and os.path.exists("/dev/fuse")):
+        pytest.skip("no FUSE here (bindfs and /dev/fuse are needed: apt-get install bindfs, as setup.sh does)")
+    backing.mkdir()
+    mount.mkdir()
+    done = subprocess.run([bindfs, str(backing), str(mount)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"a FUSE mount cannot be made here: {done.stderr.strip()}")
+    assert any(line.split()[1] == str(mount) and line.split()[2].startswith("fuse")
+               for line in pathlib.Path("/proc/mounts").read_text().splitlines())
+    yield mount
+    subprocess.run(["fusermount", "-u", "-z", str(mount)], check=True)  # lazily: this process's store stays open
+
+
+@pytest.mark.integration
+def test_a_store_made_and_a_run_written_on_a_fuse_mount(fuse_folder):
+    """Drive's mount is FUSE: a fresh store made there by two processes at once (init_store: an flock, a SQLite file
+    migrated beside it, then renamed into place) is made once and whole; a run with results_folder there writes its
+    store, checkpoints (timed) and adapter, and finishes."""
+    results = fuse_folder / "dsnb"
+    uri = f"sqlite:///{results}/mlflow.db"
+    make = [sys.executable, "-c", f"from dsnb.tracking import init_store; init_store({uri!r}); print('made')"]
+    both = [subprocess.Popen(make, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for process in both:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0 and out.strip() == "made", err[-2000:]
+    assert sorted(p.name for p in results.iterdir()) == ["mlflow.db", "mlflow.db.lock"]  # no half-made copy left
+    done = subprocess.run([sys.executable, "-m", "dsnb", "run", "--offline", "--max_steps", "4", "--checkpoint_steps",
+                           "2", "--eval_samples", "0", "--results_folder", str(results), "--run_name", "on-fuse"],
+                          cwd=fuse_folder.parent, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "on-fuse"
+    assert len(client.get_metric_history(run.info.run_id, "loss")) >= 1 and run.data.metrics["checkpoint_seconds"]
+    assert run.info.artifact_uri.startswith(str(results))
+    assert list((results / "mlartifacts").rglob("adapter_config.json"))
+    assert not (fuse_folder.parent / "mlflow.db").exists()  # nothing beside it: all on the mount
 
 
 def test_the_setup_keeps_every_installed_package_and_installs_only_what_dsnb_lacks():

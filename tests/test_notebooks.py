@@ -3,9 +3,11 @@ import ast
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import mlflow
 import nbformat
@@ -16,8 +18,10 @@ from dsnb.config import RunConfig, field_names
 from dsnb.data import synthetic_squad
 from dsnb.model import resolve_model
 
-NOTEBOOKS = pathlib.Path(__file__).parent.parent / "notebooks"
+ROOT = pathlib.Path(__file__).parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 NAMES = ["01_deepspeed_vs_baseline.ipynb", "02_zero_stages.ipynb", "03_compare_runs.ipynb"]
+FIRST = ["preset", "results_folder"]  # what a Colab user sets, at the top of every parameters cell
 
 
 def parameters_cell(name):
@@ -35,8 +39,31 @@ def test_parameters_are_literal_run_config_fields(name):
         assert node.target.id in field_names(), node.target.id
         if not name.startswith("03"):  # the defaults are what from_notebook treats as "not set"
             assert node.value.value == defaults[node.target.id], node.target.id
+    names = [n.target.id for n in tree.body]
+    assert names[:2] == FIRST
     if not name.startswith("03"):
-        assert [n.target.id for n in tree.body] == field_names()
+        assert names == FIRST + [n for n in field_names() if n not in FIRST]
+
+
+def test_the_badges_the_setup_cells_source_and_the_docs_name_the_one_repository():
+    """pyproject.toml's [project.urls] names where dsnb is published; every Colab badge opens that repository's
+    notebook, every setup cell installs from it by default, and no doc, notebook or script names another home."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        repository = tomllib.load(f)["project"]["urls"]["Repository"]
+    owner_name = repository.removeprefix("https://github.com/")
+    for name in NAMES:
+        nb = nbformat.read(NOTEBOOKS / name, 4)
+        badge = f"(https://colab.research.google.com/github/{owner_name}/blob/main/notebooks/{name})"
+        assert badge in nb.cells[0].source
+        setup = next(c.source for c in nb.cells if c.cell_type == "code" and "COLAB_RELEASE_TAG" in c.source)
+        assert f'else "git+{repository}")' in setup
+    named = 0
+    for path in [ROOT / "README.md", ROOT / "pyproject.toml", *ROOT.glob("docs/*.md"), *NOTEBOOKS.glob("*.ipynb"),
+                 *NOTEBOOKS.glob("*.py"), ROOT / "colab_setup.sh"]:
+        homes = set(re.findall(r"github\.com/([\w.-]+/dsnb)\b", path.read_text()))
+        assert homes <= {owner_name}, (path.name, homes)
+        named += bool(homes)
+    assert named >= 5  # pyproject, the three notebooks and docs/colab.md at least
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -73,6 +100,33 @@ def test_committed_notebooks_pass_nbval(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-4000:]
     assert " passed" in done.stdout and "failed" not in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.integration
+def test_notebook_03_opens_results_folders_store_and_leaves_the_quality_check_out(workdir):
+    """Notebook 03 with results_folder set reads the store there; the quality check, which logs its toy model's run
+    into the pair's experiment, is in none of its tables and is never "the fastest within" the budget."""
+    folder = workdir / "results"
+    folder.mkdir()
+    client = mlflow.MlflowClient(f"sqlite:///{folder}/mlflow.db")
+    experiment = client.create_experiment("DeepSpeed_Comparison")
+    runs = (("Without_DeepSpeed", "", "baseline", 2.0), ("With_DeepSpeed", "", "zero2", 1.5),
+            ("quality", "quality", "baseline", 90.0))
+    for name, preset, strategy, speed in runs:
+        run = client.create_run(experiment, run_name=name)
+        client.log_param(run.info.run_id, "preset", preset)
+        client.log_param(run.info.run_id, "strategy", strategy)
+        for key, value in (("samples_per_second", speed), ("peak_gpu_allocated_mb", 900.0),
+                           ("peak_gpu_nvml_mb", 1200.0), ("train_runtime_sec", 10 / speed)):
+            client.log_metric(run.info.run_id, key, value)
+        client.set_terminated(run.info.run_id, "FINISHED")
+    papermill.execute_notebook(NOTEBOOKS / NAMES[2], workdir / "out.ipynb", parameters={"results_folder": str(folder)},
+                               cwd=workdir, kernel_name="python3", progress_bar=False)
+    shown = json.dumps([[o.get("text"), o.get("data", {}).get("text/html")] for c in nbformat.read(
+        workdir / "out.ipynb", 4).cells for o in c.get("outputs", [])])  # what the cells printed and their tables
+    assert "Fastest within 15 GB: Without_DeepSpeed (2 samples/s" in shown, shown[-3000:]
+    assert "With_DeepSpeed" in shown and "quality" not in shown
+    assert not (workdir / "mlflow.db").exists()  # the store in results_folder, none made beside the notebook
 
 
 @pytest.mark.integration
