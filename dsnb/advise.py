@@ -159,10 +159,10 @@ def predict(cfg: RunConfig, m: Machine, config, masks: dict, lengths: list[int])
     when = time_estimate(cfg, lengths, config, trainable, m.count, m.gpu, len(lengths))
     seconds, rough = when["seconds"], list(when["rough"])
     if m.count > 1 and m.link == "PCIe":  # the time model's link is NVLink's: the gradients' traffic over PCIe instead
-        from .timing import LINK_GB_S, step_parts  # deferred: only a multi-GPU PCIe machine needs them
+        from .timing import RATES, step_parts  # deferred: only a multi-GPU PCIe machine needs them
 
         between = step_parts(cfg, config, trainable, when["micro_batch_tokens"], m.count, m.gpu)["between GPUs"]
-        seconds += when["steps"] * between * (LINK_GB_S / PCIE_GB_S - 1)
+        seconds += when["steps"] * between * (RATES["link_gb_s"] / PCIE_GB_S - 1)
         rough.append(f"two {m.gpu}s over PCIe: the link's {PCIE_GB_S:g} GB/s is assumed")
     gpu_gb, host_gb = est["est_peak_gpu_mb"] * MB / 2**30, est["est_peak_host_mb"] * MB / 2**30 * m.count
     fits, why = judge(cfg, m, gpu_gb, host_gb)
