@@ -6,13 +6,14 @@ GPUs.
     describe_time(est)                                                        # one line for the plan
 
 A micro-batch takes host and kernel-launch work per layer (the HF Trainer's eager loop, by weight storage and by
-whether each micro-batch has a length of its own; or dsnb's compiled loop with or without CUDA graphs) and its
-tokens' FLOPs at a share of the GPU's peak; ZeRO-3 adds its per-layer fetch and release, and parameter offload moves
-the weights over PCIe for the forward and again for the backward. A step is its micro-batches plus the optimizer's
-update over the trained weights (on the GPU at its memory bandwidth, or on the host under optimizer offload),
-DeepSpeed's own ZeRO-1/2 step where dsnb's flat step does not take it, and on several GPUs the gradients and weights
-sent between them. A run is its steps, the held-out answers, loading, and compiling. RATES are fitted to every
-committed GPU run (benchmarks/time_vs_measured.py, which also predicts each run with the rates fitted without it).
+whether each micro-batch has a length of its own or one of few, as max_length and bucket give; or dsnb's compiled loop
+with or without CUDA graphs) and its tokens' FLOPs at a share of the GPU's peak; ZeRO-3 adds its per-layer fetch and
+release, and parameter offload moves the weights over PCIe for the forward and again for the backward. A step is its
+micro-batches plus the optimizer's update over the trained weights (on the GPU at its memory bandwidth, or on the host
+under optimizer offload), DeepSpeed's own ZeRO-1/2 step where dsnb's flat step does not take it, and on several GPUs
+the gradients and weights sent between them. A run is its steps, the held-out answers, loading, and compiling. RATES
+are fitted to every committed GPU run (benchmarks/time_vs_measured.py, which also predicts each run with the rates
+fitted without it).
 
 A T4 is calibrated on the tutorial's own T4 runs (625 steps of 8-bit LoRA, pad 512, 2 x 4: 2,424.7 s, and 2,680.7 s
 with ZeRO-2 + CPU offload), its host work taken as the H200's times the T4 host's slower cores (assumed: no T4 was
@@ -43,26 +44,30 @@ RATES = {
     #                            weights, micro-batches of few lengths (bucket; 2 runs)
     "trainer_layer_varying": 0.00234,  # s per layer more where each micro-batch has its own length (longest; 7 runs)
     "trainer_layer_4bit": 0.00961,  # the same with 4-bit weights (bitsandbytes' NF4), padded per batch (3 runs)
-    "trainer_layer_8bit": 0.0059,  # the same with 8-bit weights, every micro-batch of one length (max_length; 3 runs)
-    "eight_bit_varying": 0.00739,  # s per layer more with 8-bit weights where each micro-batch has its own length
-    #                                (notebook 01 under colab_t4, the capacity map's 8-bit cells: 5 runs)
+    "trainer_layer_8bit": 0.00594,  # the same with 8-bit weights, micro-batches of few lengths (max_length, bucket;
+    #                                5 runs)
+    "eight_bit_varying": 0.00678,  # s per layer more with 8-bit weights where each micro-batch has its own length
+    #                                (longest: notebook 01 and t4pad under colab_t4, the capacity map's 8-bit cells;
+    #                                7 runs)
     "update_fused": 0.012,  # s per billion trained weights of torch's fused AdamW (HBM-bound; scaled by bandwidth):
     #                         its one run (speed.jsonl full_compiled) also wrote to MLflow every step, so not fitted
     "update_foreach": 0.0299,  # the same for the Trainer's foreach AdamW and DeepSpeed's (fp32 master; 5 runs)
     "zero3_layer": 0.0265,  # s per layer of a micro-batch: ZeRO-3's fetch and release hooks (5 runs)
     "deepcompile_layer": 0.000374,  # the same under DeepCompile, gathers and releases in the graph (1 run)
-    "offload": 0.185,  # s a step that optimizer offload adds whatever is trained (8-bit LoRA, 3 runs)
-    "param_offload_s_gb": 0.0494,  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (5)
+    "offload": 0.18,  # s a step that optimizer offload adds whatever is trained (8-bit LoRA, 3 runs)
+    "param_offload_s_gb": 0.0497,  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (5)
     "offload_s_per_b": 0.33,  # s per billion trained weights of CPU Adam and the copies to and from the host (11 runs)
     "nvme_s_per_b": 24.2,  # s per billion trained weights with optimizer and parameters on disk (1 run)
     "link_gb_s": 78.7,  # GB/s between two GPUs of one host as DeepSpeed used them (gradients and weights; 7 runs)
     "ddp_s_per_b": 0.444,  # s per billion trained weights that DDP's gradient all-reduce took beyond that (1 run)
     # the T4's, fitted last to the tutorial's own T4 runs (8-bit LoRA, pad 512, 2 x 4, 625 steps: 2,424.7 s, and
     # 2,680.7 s with ZeRO-2 + CPU offload), its host work taken as the H200's x HOST_FACTOR:
-    "t4_eight_bit_share": 0.281,  # the 8-bit matmuls' share of the T4's fp16 peak
+    "t4_eight_bit_share": 0.282,  # the 8-bit matmuls' share of the T4's fp16 peak
     "t4_offload": 0.409,  # s a step that optimizer offload adds on the T4
 }
-EIGHT_BIT_SHARE_H200 = 0.156  # the 8-bit matmuls' share of the H200's peak (the tutorial's recipe beyond its floor)
+EIGHT_BIT_SHARE_H200 = 0.156  # the 8-bit matmuls' share of the H200's peak (the tutorial's recipe beyond its floor):
+#                               8.3e-5 s a token of the 3B shape, where t4pad's runs padded to 512 and to bucket, one
+#                               session, differ by 0.259 s a step for 3,072 tokens (8.4e-5)
 HBM_GB_S = {"T4": 320, "L4": 300, "A100": 2039, "H100": 3350, "H200": 4800}  # datasheet memory bandwidth
 HOST_FACTOR = {"T4": 1.5}  # a Colab T4's 2 host cores against the H200 host's (assumed), for host work not measured
 ANSWER_STEP = {"H200": 0.055, "T4": 0.085}  # s per generated token of a 32-question batch (H200 colab runs; T4 x1.5)
@@ -126,7 +131,7 @@ def micro_batch_seconds(cfg: RunConfig, config, trainable: int, tokens: float, g
     if cfg.torch_compile:
         floor = rates["compiled_layer" if cuda_graphs(cfg) else "compiled_layer_nographs"]
         return max(layers * floor * host, flops / (GPU_PEAK_FLOPS[gpu] * rates["mfu"]))
-    varying = cfg.padding == "longest"
+    varying = cfg.padding == "longest"  # max_length and bucket: one length or few, each met again within steps
     if cfg.quantization == "8bit":  # bitsandbytes reads its outliers back to the host in every matmul: no overlap
         per_layer = rates["trainer_layer_8bit"] + (rates["eight_bit_varying"] if varying else 0.0)
         share = rates["t4_eight_bit_share"] if gpu == "T4" else EIGHT_BIT_SHARE_H200
@@ -195,8 +200,6 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
         reasons.append("DeepSpeed's own compiled ZeRO-1/2 step is measured once")
     if cfg.torch_compile and cfg.strategy == "baseline" and cfg.lora_r == 0:
         reasons.append("compiled full fine-tuning without DeepSpeed is measured once, by code since changed")
-    if cfg.quantization == "8bit" and cfg.padding == "bucket":
-        reasons.append("8-bit weights padded to bucket are not measured (each batch's own length and 512 are)")
     if world > 2:
         reasons.append("more than two GPUs are not measured")
     elif world > 1 and cfg.strategy == "baseline":
@@ -247,11 +250,12 @@ def pair_estimate(cfg: RunConfig, lengths: list[int], config, trainable: int, wo
 # Settings that shorten the pair without changing what it compares, each with two committed runs that bear it out:
 # (changes, what, the run with the setting, the run without: each (its listing or results file, as
 # benchmarks/time_vs_measured.py names them; its run), one path, the setting changed; tests/test_timing.py checks
-# them). Per-batch padding is none of them: with 8-bit weights the H200 measured it slower a step than padding to 512
-# (notebook01.jsonl against colab.jsonl), and no T4 measured it. (The closed-book prompt is shorter, but it asks
-# another task.)
+# them). One micro-batch of 8 pays the per-micro-batch host work once a step instead of four times (t4pad: 0.316 s a
+# step against 1.482, one session). No padding is among them: padding changes the memory the pair compares, and
+# colab_t4 already pads to bucket, measured the fastest of the three with 8-bit weights (t4pad). (The closed-book
+# prompt is shorter, but it asks another task.)
 FASTER = (({"batch_size": 8, "grad_accum": 1}, "one micro-batch of 8 a step instead of 2 x 4, the same samples a step",
-           ("capacity.jsonl", "llama-3.2-3b lora_8bit"), ("notebook01.jsonl", "Without_DeepSpeed")),
+           ("t4pad.jsonl", "pad_longest_b8"), ("t4pad.jsonl", "pad_longest")),
           ({"max_steps": 100}, "100 steps, each as long",
            ("bench.jsonl", "tutorial"), ("tutorial_pair_h200.md", "Without_DeepSpeed")))
 

@@ -145,7 +145,7 @@ def test_layering_keeps_an_explicit_default_and_puts_the_preset_under_the_layers
     assert RunConfig.layered({"dtype": "fp16"}, offline=True).dtype == "fp16"
     assert RunConfig.layered({}, offline=True).dtype == "fp32"
     cfg = RunConfig.layered({"preset": "colab_t4"}, {"memory_budget_gb": 12})
-    assert (cfg.dtype, cfg.memory_budget_gb, cfg.ram_budget_gb, cfg.padding) == ("fp16", 12.0, 12.7, "longest")
+    assert (cfg.dtype, cfg.memory_budget_gb, cfg.ram_budget_gb, cfg.padding) == ("fp16", 12.0, 12.7, "bucket")
     quality = RunConfig.layered({"preset": "quality"}, offline=True)  # the preset wins over the offline default
     assert (quality.model, quality.lora_r, quality.max_steps) == ("synthetic:small", 0, 150)
     assert (cfg.name, RunConfig(run_name="x").name) == (cfg.derived_name(), "x")
