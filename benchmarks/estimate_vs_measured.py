@@ -71,7 +71,8 @@ MEASURED += [(name, "llama-3.2-3b", dict(VARIANTS[variant], zero_flat_step=flat)
                  ("full_flat", "full_zero2_compiled", True, 61283, "zero_flat_full_h200.md"),
                  ("full_stock", "full_zero2_compiled", False, 67410, "zero_flat_full_h200.md"))]
 # 2026-12-02, on the passage prompt (the runs above trained on the closed-book one, "eos", dsnb's default before)
-NB01 = dict(preset="colab_t4", max_steps=20, eval_samples=16, prompt="passage")  # gpu_runs.sh notebook01
+NB01 = dict(preset="colab_t4", padding="longest", max_steps=20, eval_samples=16, prompt="passage")  # gpu_runs.sh
+# notebook01, when the preset padded each batch to its longest sample
 MEASURED += [
     ("throughput_compiled, 12 x 1024", "llama-3.2-3b", dict(VARIANTS["throughput_compiled"], prompt="passage"), 1,
      47096, "throughput_rows_h200.md"),

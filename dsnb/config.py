@@ -103,9 +103,9 @@ class RunConfig:
     """One training variant. Defaults are the tutorial's values."""
 
     preset: str = ""
-    """A named set of fields applied under your own: colab_t4 (Colab's free T4: fp16, per-batch padding, a 14.7 GB
-    GPU cap, 12.7 GB RAM, a checkpoint every 10 minutes) or quality (the offline check that training teaches); empty
-    for none (dsnb/presets/ lists them)."""
+    """A named set of fields applied under your own: colab_t4 (Colab's free T4: fp16, padding to multiples of 64, a
+    14.7 GB GPU cap, 12.7 GB RAM, a checkpoint every 10 minutes), kaggle_t4x2 (Kaggle's two T4s: the same on both GPUs,
+    29 GB RAM) or quality (the offline check that training teaches); empty for none (dsnb/presets/ lists them)."""
     model: str = "Bllossom/llama-3.2-Korean-Bllossom-3B"
     """Hub id, local directory, or synthetic:<shape> (tiny, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b)."""
     quantization: str = "8bit"

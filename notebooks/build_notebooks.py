@@ -75,11 +75,12 @@ OFFLINE_NOTE = ("**Offline default.** With `DSNB_OFFLINE=1` in the environment (
 
 T4_NOTE = """**On Colab's free T4**, set `preset = "colab_t4"`. Against the tutorial it changes how the same work runs,
 not what is compared: fp16 as the tutorial trains (a T4 has no native bf16, and dsnb refuses it emulated), each batch
-padded to its longest sample instead of 512 tokens (the loss is the same, since padding is masked; the tutorial's
+padded to a multiple of 64 tokens instead of 512 (the loss is the same, since padding is masked; the tutorial's
 padding made most of each step padding), GPU memory capped at what a T4 holds and host RAM checked against Colab's
 12.7 GB before anything loads, and a checkpoint every 10 minutes. **Survive a disconnect:** set `results_folder =
 "/content/drive/MyDrive/dsnb"`; the first dsnb cell mounts Drive, the MLflow store and the checkpoints live there, and
-running the notebook again after a disconnect keeps the finished runs and resumes the rest from their checkpoints.
+running the notebook again after a disconnect keeps the finished runs and resumes the rest from their checkpoints;
+once the pair has finished, it is shown as recorded and nothing trains again.
 The plan below says how long the pair will take on this GPU before anything trains."""
 
 

@@ -150,7 +150,7 @@ def test_kaggles_pair_is_rehearsed_on_two_cpu_processes(workdir):
 
     cfg = RunConfig.layered({"preset": "kaggle_t4x2", "dtype": "fp32", "memory_budget_gb": 0, "max_steps": 2,
                              "eval_samples": 0, "save_model": False, "logging_steps": 1}, offline=True)
-    assert (cfg.num_gpus, cfg.padding, cfg.ram_budget_gb, cfg.samples_per_step(cfg.num_gpus)) == (2, "longest", 29, 8)
+    assert (cfg.num_gpus, cfg.padding, cfg.ram_budget_gb, cfg.samples_per_step(cfg.num_gpus)) == (2, "bucket", 29, 8)
     results = run_all(tutorial_pair(cfg), progress=False)
     for result in results:
         assert result.status == "FINISHED", result
@@ -160,10 +160,10 @@ def test_kaggles_pair_is_rehearsed_on_two_cpu_processes(workdir):
 
 
 def test_the_kaggle_preset_is_the_pair_of_t4s():
-    """kaggle_t4x2: fp16, per-batch padding, both GPUs each capped at a T4's memory, Kaggle's host RAM, checkpoints,
+    """kaggle_t4x2: fp16, padding to multiples of 64, both GPUs each capped at a T4's memory, Kaggle's host RAM, checkpoints,
     and the tutorial's 8 samples a step over the two."""
     cfg = RunConfig.layered({"preset": "kaggle_t4x2"})
     assert (cfg.dtype, cfg.padding, cfg.num_gpus, cfg.memory_budget_gb, cfg.ram_budget_gb, cfg.checkpoint_minutes) \
-        == ("fp16", "longest", 2, 14.7, 29.0, 10.0)
+        == ("fp16", "bucket", 2, 14.7, 29.0, 10.0)
     assert cfg.samples_per_step(cfg.num_gpus) == RunConfig().samples_per_step() == 8
     assert RunConfig.layered({"preset": "kaggle_t4x2"}, offline=True).model == OFFLINE["model"]
