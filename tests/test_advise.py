@@ -160,8 +160,8 @@ def test_kaggles_pair_is_rehearsed_on_two_cpu_processes(workdir):
 
 
 def test_the_kaggle_preset_is_the_pair_of_t4s():
-    """kaggle_t4x2: fp16, padding to multiples of 64, both GPUs each capped at a T4's memory, Kaggle's host RAM, checkpoints,
-    and the tutorial's 8 samples a step over the two."""
+    """kaggle_t4x2: fp16, padding to multiples of 64, both GPUs each capped at a T4's memory, Kaggle's host RAM,
+    checkpoints, and the tutorial's 8 samples a step over the two."""
     cfg = RunConfig.layered({"preset": "kaggle_t4x2"})
     assert (cfg.dtype, cfg.padding, cfg.num_gpus, cfg.memory_budget_gb, cfg.ram_budget_gb, cfg.checkpoint_minutes) \
         == ("fp16", "bucket", 2, 14.7, 29.0, 10.0)
