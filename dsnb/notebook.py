@@ -25,7 +25,7 @@ def from_notebook(namespace: dict, check: bool = True) -> RunConfig:
     asks for access once)."""
     offline = offline_requested()
     cfg = RunConfig.layered(explicit_parameters(namespace), offline=offline)
-    on_colab = "COLAB_RELEASE_TAG" in os.environ
+    on_colab, on_kaggle = "COLAB_RELEASE_TAG" in os.environ, KAGGLE in os.environ
     if on_colab and cfg.results_folder.startswith(DRIVE):
         mount_drive()
     if not check:
@@ -36,10 +36,14 @@ def from_notebook(namespace: dict, check: bool = True) -> RunConfig:
     if on_colab and not cfg.results_folder:
         print(f'note: the store and checkpoints are on this runtime\'s disk, lost if it ends; results_folder = '
               f'"{DRIVE}/MyDrive/dsnb" keeps them on Drive, and running all again then resumes')
+    if on_kaggle and not cfg.results_folder.startswith(KAGGLE_WORKING):
+        print(f'note: on Kaggle only {KAGGLE_WORKING} is kept (with the notebook\'s saved version); results_folder = '
+              f'"{KAGGLE_WORKING}/dsnb" keeps the store and checkpoints there, and running all again then resumes')
     return cfg
 
 
 DRIVE = "/content/drive"
+KAGGLE, KAGGLE_WORKING = "KAGGLE_KERNEL_RUN_TYPE", "/kaggle/working"  # Kaggle's notebooks set the variable
 QUALITY_PRESET = "quality"  # compare.quality_check's runs: another model on other data, no variant of a comparison
 
 

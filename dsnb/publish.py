@@ -190,14 +190,28 @@ def push_to_hub(folder: str, repo: str, token: str | None, get_token: str = CLI_
 
 
 def hub_token() -> str:
-    """The hub token: Colab's Secrets (HF_TOKEN, where this notebook was given access to it), else $HF_TOKEN; "" where
-    neither holds one. Never printed, logged or written."""
-    try:
-        from google.colab import userdata
+    """The hub token: Colab's Secrets or Kaggle's (HF_TOKEN, where this notebook was given access to it), else
+    $HF_TOKEN; "" where none holds one. Never printed, logged or written."""
+    for secret in (colab_secret, kaggle_secret):
+        try:
+            token = secret("HF_TOKEN")
+        except Exception:  # not there, no such secret, or access not granted: the next place, then the environment's
+            continue
+        if token:
+            return token
+    return os.environ.get("HF_TOKEN", "")
 
-        return userdata.get("HF_TOKEN") or ""
-    except Exception:  # not on Colab, no such secret, or access not granted: the environment's, if any
-        return os.environ.get("HF_TOKEN", "")
+
+def colab_secret(name: str) -> str:
+    from google.colab import userdata
+
+    return userdata.get(name) or ""
+
+
+def kaggle_secret(name: str) -> str:
+    from kaggle_secrets import UserSecretsClient  # Kaggle's notebooks have it; Add-ons > Secrets holds the value
+
+    return UserSecretsClient().get_secret(name) or ""
 
 
 def keep(result: RunResult, folder: str = "", merge: bool = False, push_to: str = "", token: str = "") -> str:

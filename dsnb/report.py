@@ -434,10 +434,11 @@ def plot_runs(runs: list[RunResult], log: bool = True):
     memory = [("peak_gpu_allocated_mb", "GPU allocator peak"), ("peak_gpu_nvml_mb", "GPU NVML peak"),
               ("gpu_memory_used_mb", "GPUtil after-before (tutorial)"), ("peak_cpu_rss_mb", "CPU RSS peak")]
     memory = [m for m in memory if any(m[0] in r.data.metrics for r in loaded)]  # a CPU run has no GPU figures
-    width = 0.8 / len(memory)
+    width = 0.8 / max(1, len(memory))  # none where every run failed before it measured anything
     for i, (key, label) in enumerate(memory):
         bars(axes[0, 0], key, width, (i - (len(memory) - 1) / 2) * width, 1024, label=label)
-    axes[0, 0].legend(fontsize=8)
+    if memory:
+        axes[0, 0].legend(fontsize=8)
     bars(axes[0, 1], "samples_per_second", color="tab:green")
     bars(axes[1, 0], "eval_exact_match", color="tab:purple")
     for ax, title in ((axes[0, 0], "peak memory (GB)"), (axes[0, 1], "steady-state samples/s"),

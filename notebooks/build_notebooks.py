@@ -37,18 +37,21 @@ def setup(read_only: bool = False) -> str:
     gpu = "" if read_only else """
     import torch
     if not torch.cuda.is_available() and not os.environ.get("DSNB_OFFLINE"):
-        raise SystemExit("No GPU in this runtime: Runtime > Change runtime type > T4 GPU, then Runtime > Run all")"""
+        raise SystemExit("No GPU in this runtime: on Colab, Runtime > Change runtime type > T4 GPU; on Kaggle, Settings"
+                         " > Accelerator > GPU T4 x2 (and Internet on); then run all again")"""
     what = "what reading a store needs" if read_only else "what this runtime lacks"
     then = "" if read_only else ", then builds DeepSpeed's CPU Adam once"
     steps = '["dsnb.install", "--read"]' if read_only else '["dsnb.install"]'
-    return f"""# Colab only (elsewhere run `bash setup.sh` once): dsnb, then only {what} (Colab's own
+    return f"""# Colab and Kaggle only (elsewhere run `bash setup.sh` once): dsnb, then only {what} (their own
 # torch, transformers, datasets ... stay where their versions serve dsnb){then}. Log: dsnb_setup.log.
-DSNB_SOURCE = ""  # empty: a dsnb .whl or .zip uploaded to /content, else to MyDrive, else {SOURCE}
+DSNB_SOURCE = ""  # empty: a dsnb .whl or .zip uploaded to /content (Kaggle: an input), else MyDrive, else {SOURCE}
 import glob, os, subprocess, sys
-if os.environ.get("COLAB_RELEASE_TAG") and not os.path.isfile("dsnb_setup.log"):{gpu}
+colab = bool(os.environ.get("COLAB_RELEASE_TAG"))
+if (colab or os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) and not os.path.isfile("dsnb_setup.log"):{gpu}
     source = DSNB_SOURCE or os.environ.get("DSNB_SOURCE")
-    uploads = sorted(glob.glob("/content/dsnb*.whl") + glob.glob("/content/dsnb*.zip"))
-    if not (source or uploads):  # one kept on Drive: a new runtime has not mounted it yet
+    uploads = sorted(glob.glob("/content/dsnb*.whl") + glob.glob("/content/dsnb*.zip")
+                     + glob.glob("/kaggle/input/*/dsnb*.whl") + glob.glob("/kaggle/input/*/dsnb*.zip"))
+    if colab and not (source or uploads):  # one kept on Drive: a new runtime has not mounted it yet
         from google.colab import drive
         drive.mount("/content/drive")
         uploads = sorted(glob.glob("/content/drive/MyDrive/dsnb*.whl") + glob.glob("/content/drive/MyDrive/dsnb*.zip"))
@@ -81,7 +84,12 @@ padding made most of each step padding), GPU memory capped at what a T4 holds an
 "/content/drive/MyDrive/dsnb"`; the first dsnb cell mounts Drive, the MLflow store and the checkpoints live there, and
 running the notebook again after a disconnect keeps the finished runs and resumes the rest from their checkpoints;
 once the pair has finished, it is shown as recorded and nothing trains again.
-The plan below says how long the pair will take on this GPU before anything trains."""
+The plan below says how long the pair will take on this GPU before anything trains.
+
+**On Kaggle's free 2 x T4** (Settings > Accelerator > GPU T4 x2, Internet on), set `preset = "kaggle_t4x2"`: the same,
+each variant on both GPUs (one process each: ZeRO's sharding, not only its offload, can pay there), and
+`results_folder = "/kaggle/working/dsnb"`, the folder Kaggle keeps with the notebook's saved version; the hub token
+comes from Add-ons > Secrets (`HF_TOKEN`). `dsnb.advise(cfg)` ranks what fits the pair before anything trains."""
 
 
 FIRST = ["preset", "results_folder"]  # what a Colab user sets first, at the top of every parameters cell
@@ -134,6 +142,14 @@ closed-book text stays as `prompt = "eos"`), and every run lands in MLflow with 
                           "estimated, and the time on this GPU is given (with faster settings where the pair would "
                           "take over an hour), before any model downloads."),
         new_code_cell("print(dsnb.preview(cfg))"),
+        new_markdown_cell("## Which setup fits, and which is fastest\nEvery variant of this task worth trying on a GPU "
+                          "(no DeepSpeed, ZeRO 1-3, offload, 8-bit, 4-bit, full fine-tuning, micro-batch sizes, the "
+                          "compiled loop), ranked by predicted time for the whole run, with predicted GPU memory and "
+                          "host RAM, whether it fits, and the command that runs it; only the model's config is read. "
+                          "`advise_gpu`: the GPU to advise for (empty: this runtime's); under `kaggle_t4x2`, the "
+                          "pair of them."),
+        new_code_cell('advise_gpu = "T4"  # @param ["", "T4", "L4", "A100", "H100", "H200"]\n'
+                      "dsnb.advise(cfg, gpu=advise_gpu)"),
         new_markdown_cell("## Train both variants, each in its own process\nA bar per variant and per step with the "
                           "loss, and what the run is doing (downloading, loading) from its first second; short runs "
                           "are repeated (`repeats`), interleaved. A failed variant is recorded as a FAILED run and the "
@@ -257,7 +273,9 @@ def main():
         nb.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
                            language_info={"name": "python"})
         if name != "03_compare_runs.ipynb":  # the Colab badge opens a T4 runtime (notebook 03 only reads a store)
-            nb.metadata.update(accelerator="GPU", colab={"provenance": [], "gpuType": "T4"})
+            nb.metadata.update(accelerator="GPU", colab={"provenance": [], "gpuType": "T4"},
+                               kaggle={"accelerator": "nvidiaTeslaT4", "isGpuEnabled": True, "isInternetEnabled": True,
+                                       "language": "python", "sourceType": "notebook"})
         if name == "03_compare_runs.ipynb":
             nb.cells[3].source = nb.cells[3].source.replace("memory_budget_gb: float = 0.0",
                                                             "memory_budget_gb: float = 15.0")

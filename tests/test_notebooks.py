@@ -75,18 +75,41 @@ def test_help_notebook_lists_every_parameter_with_type_and_comment(name):
 
 
 @pytest.mark.parametrize("name", NAMES[:2])
-def test_the_colab_badge_opens_a_t4_and_a_runtime_without_a_gpu_is_told_before_installing(name, tmp_path):
-    """The notebooks that train ask Colab for a T4 runtime; opened in one without a GPU, the setup cell says in one
-    line how to switch, before it installs anything (a switch wipes the install)."""
+@pytest.mark.parametrize("where", ["COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE"])
+def test_the_colab_badge_opens_a_t4_and_a_runtime_without_a_gpu_is_told_before_installing(name, where, tmp_path):
+    """The notebooks that train ask Colab for a T4 runtime and Kaggle for its two; opened in one without a GPU (on
+    Colab, on Kaggle), the setup cell says in one line how to switch, before it installs anything (a switch wipes the
+    install)."""
     nb = nbformat.read(NOTEBOOKS / name, 4)
     assert nb.metadata["accelerator"] == "GPU" and nb.metadata["colab"]["gpuType"] == "T4"
+    assert nb.metadata["kaggle"]["accelerator"] == "nvidiaTeslaT4" and nb.metadata["kaggle"]["isInternetEnabled"]
     setup = next(c.source for c in nb.cells if c.cell_type == "code" and "COLAB_RELEASE_TAG" in c.source)
-    env = {k: v for k, v in os.environ.items() if k != "DSNB_OFFLINE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DSNB_OFFLINE", "COLAB_RELEASE_TAG")}
     done = subprocess.run([sys.executable, "-c", setup], cwd=tmp_path, capture_output=True, text=True,
-                          env={**env, "COLAB_RELEASE_TAG": "rehearsal", "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+                          env={**env, where: "rehearsal", "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
     assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
-        "No GPU in this runtime: Runtime > Change runtime type > T4 GPU, then Runtime > Run all"), done.stderr[-2000:]
+        "No GPU in this runtime: on Colab, Runtime > Change runtime type > T4 GPU; on Kaggle, Settings > Accelerator > "
+        "GPU T4 x2 (and Internet on); then run all again"), done.stderr[-2000:]
     assert not list(tmp_path.iterdir())  # no setup log: nothing was installed
+
+
+def test_on_kaggle_the_hub_token_comes_from_its_secrets_and_the_first_cell_names_its_kept_folder(tmp_path, monkeypatch,
+                                                                                                 capsys):
+    """Kaggle's notebooks hold secrets in kaggle_secrets (Add-ons > Secrets) and keep only /kaggle/working: a
+    stand-in for its module gives the token; the first dsnb cell says where to put results_folder."""
+    from dsnb.notebook import from_notebook
+    from dsnb.publish import hub_token
+
+    (tmp_path / "kaggle_secrets.py").write_text(
+        "class UserSecretsClient:\n    def get_secret(self, name):\n        return {'HF_TOKEN': 'hf_kaggle'}[name]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert hub_token() == "hf_kaggle"
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    monkeypatch.setenv("DSNB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    from_notebook({"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})
+    assert 'results_folder = "/kaggle/working/dsnb" keeps the store and checkpoints there' in capsys.readouterr().out
 
 
 @pytest.mark.integration

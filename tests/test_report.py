@@ -129,6 +129,14 @@ def test_the_held_out_verdict_states_its_power_at_a_ten_point_difference(workdir
     assert f"about {needed:,} questions would detect it 80% of the time" in line
 
 
+def test_runs_that_measured_nothing_still_plot(workdir):
+    """A run killed before it measured anything (no memory figure at all) leaves its panels empty, not a traceback."""
+    from dsnb.report import plot_runs
+
+    image = plot_runs([logged(workdir, "killed early", {})], log=False)
+    assert image.data[:4] == b"\x89PNG"
+
+
 def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
     idle = dict(host_other_cores=0.02, host_cores=16.0, peak_cpu_rss_mb=1000.0)
     base = [logged(workdir, "Without_DeepSpeed", dict(idle, samples_per_second=10.0 + i)) for i in range(3)]
