@@ -37,7 +37,7 @@ def compare(cfg: RunConfig, progress: bool = True, again: bool = False) -> list[
                       "recorded, nothing is trained again (compare(cfg, again=True), or --again, measures it afresh)")
     kept, resumes, cfgs, tags = {}, [], [], []
     for place, c in enumerate(jobs):
-        result, resume = reuse(c, earlier.get(key(c)), progress)
+        result, resume = reuse(c, earlier.get(key(c)), progress, f"{c.name} (repeat {c.repeat + 1})")
         if result is not None:
             kept[place] = result
             continue
@@ -53,37 +53,45 @@ def key(c: RunConfig) -> tuple[str, str]:
 
 
 def run_ended(run) -> bool:
-    """Whether a run's record is final: FINISHED, or FAILED (what it measured and why it failed are its answer)."""
-    return run is not None and run.info.status in ("FINISHED", "FAILED")
+    """Whether a run's record is final: FINISHED, or FAILED out of memory (what it measured is the answer: it does not
+    fit). Another failure (a hub out of reach, a full disk) may not recur: that run is resumed or run again."""
+    return run is not None and (run.info.status == "FINISHED" or
+                                run.info.status == "FAILED" and run.data.tags.get("failure") == "oom")
 
 
-def reuse(c: RunConfig, run, progress: bool) -> tuple[RunResult | None, tuple[str, str] | None]:
+def reuse(c: RunConfig, run, progress: bool, label: str) -> tuple[RunResult | None, tuple[str, str] | None]:
     """(the run kept as it is, or None; else the (run id, checkpoint) to resume it from, or None to run anew).
 
-    A run that ended is kept; an interrupted one resumes from its newest checkpoint; one that stopped before its first
-    checkpoint (or had trained every step) runs again, its record kept KILLED and its folder removed (nothing in it can
-    be resumed)."""
-    label = f"{c.name} (repeat {c.repeat + 1})"
+    A run that ended (run_ended) is kept; one interrupted or failed otherwise resumes from its newest checkpoint; one
+    that stopped before its first checkpoint (or had trained every step) runs again, its record kept and its folder
+    removed (nothing in it can be resumed). A run still running elsewhere is an error."""
     if run is None:
         return None, None
+    if run.info.status == "RUNNING":
+        raise ConfigError(f"run {run.info.run_name} ({run.info.run_id}) is still running on "
+                          f"{run.data.tags.get('dsnb.host', 'another machine')}; wait for it to end (or stop it) and "
+                          f"run again (a run whose machine is gone is marked KILLED {tracking.STALE_S} s after its "
+                          "last heartbeat)")
     if run_ended(run):
         say(progress, f"{label}: kept its {run.info.status} run {run.info.run_id}")
         return RunResult.read(c.tracking_uri, run.info.run_id, skipped=True), None
+    why = run.data.tags.get("failure") or run.info.status.lower()
     try:
         checkpoint = tracking.last_checkpoint(run, c)
     except ConfigError:  # it had trained every step: its record stays, and the job runs again
-        checkpoint = None
+        say(progress, f"{label}: its run {run.info.run_id} ({why}) had trained every step (kept); it runs again")
+        return None, None
     if checkpoint:
-        say(progress, f"{label}: resumes its interrupted run {run.info.run_id} from {os.path.basename(checkpoint)}")
+        say(progress, f"{label}: resumes its run {run.info.run_id} ({why}) from {os.path.basename(checkpoint)}")
         return None, (run.info.run_id, checkpoint)
     shutil.rmtree(os.path.join(c.output_dir, run.info.run_id), ignore_errors=True)
-    say(progress, f"{label}: its run {run.info.run_id} stopped before a checkpoint (kept, KILLED); it runs again")
+    say(progress, f"{label}: its run {run.info.run_id} ({why}) stopped before a checkpoint (kept); it runs again")
     return None, None
 
 
 def newest_comparison(cfg: RunConfig, jobs: list[RunConfig]) -> tuple[str | None, dict]:
     """(the id of the newest comparison in cfg's store with a run of these jobs' configs, its runs by (name,
-    repeat)); (None, {}) where there is none. A run of it still running elsewhere is an error."""
+    repeat)); (None, {}) where there is none."""
     experiment = tracking.experiment_id(cfg)
     client = mlflow_client(cfg.tracking_uri)
     tracking.mark_stale_runs(client)
@@ -98,12 +106,6 @@ def newest_comparison(cfg: RunConfig, jobs: list[RunConfig]) -> tuple[str | None
     for run in reversed(runs):  # oldest first: a job run twice (a restart) counts its newest run
         if run.data.tags.get("comparison") == newest:
             found[run.info.run_name, run.data.params.get("repeat")] = run
-    for run in found.values():
-        if run.info.status == "RUNNING":
-            raise ConfigError(f"run {run.info.run_name} ({run.info.run_id}) of this comparison is still running on "
-                              f"{run.data.tags.get('dsnb.host', 'another machine')}; wait for it to end (or stop it) "
-                              f"and run again (a run whose machine is gone is marked KILLED {tracking.STALE_S} s after "
-                              "its last heartbeat)")
     return newest, found
 
 
@@ -122,7 +124,7 @@ def quality_check(cfg: RunConfig, progress: bool = True, again: bool = False) ->
     quality = RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri, "experiment": cfg.experiment,
                                  "output_dir": cfg.output_dir})
     run = None if again else newest_run(quality)
-    result, resume = reuse(quality, run, progress)
+    result, resume = reuse(quality, run, progress, quality.name)
     return result or run_variant(quality, progress=progress, resume=resume)
 
 

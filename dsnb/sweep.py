@@ -91,7 +91,8 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
         error = None
         # The kernel inherits this environment: it logs into the run opened here, and takes the
         # parameters as given (the offline preset, if asked for, is already in them).
-        with _environ({SWEEP_RUN_ENV: run_id, OFFLINE_ENV: None}):
+        # It beats from here (the kernel starts and runs the cells before the notebook's run_variant beats too).
+        with _environ({SWEEP_RUN_ENV: run_id, OFFLINE_ENV: None}), tracking.heartbeat(run_id, cfg.tracking_uri):
             try:
                 papermill.execute_notebook(notebook, executed, parameters=cfg.to_dict(), kernel_name="python3",
                                            cwd=os.getcwd(), progress_bar=False)

@@ -179,17 +179,20 @@ def experiment_id(cfg: RunConfig) -> str:
 
 
 def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = None) -> str:
-    """Open a RUNNING run named for cfg (or take the open run `run_id`), log the whole config as params."""
+    """Open a RUNNING run named for cfg (or take the open run `run_id`), log the whole config as params. A run taken
+    (resumed, or opened by a sweep) keeps the params it has: same_config found it under another spelling of where runs
+    are kept, or another count of repeats, and MLflow refuses a param's value changed."""
     from mlflow.entities import Param, RunTag
 
     experiment = experiment_id(cfg)
     client = mlflow_client(cfg.tracking_uri)
+    params = logged_params(cfg)
     if run_id is None:
         mark_stale_runs(client)
-        owner = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid()), "dsnb.alive": str(int(time.time()))}
-        run_id = client.create_run(experiment, run_name=cfg.name,
-                                   tags=owner).info.run_id
-    client.log_batch(run_id, params=[Param(k, v) for k, v in logged_params(cfg).items()],
+        run_id = client.create_run(experiment, run_name=cfg.name, tags=owner()).info.run_id
+    else:
+        params = {k: v for k, v in params.items() if k not in client.get_run(run_id).data.params}
+    client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
                      tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
     return run_id
 
@@ -285,11 +288,21 @@ def heartbeat(run_id: str | None, tracking_uri: str):
 
 
 def reopen_run(run_id: str, tracking_uri: str) -> None:
-    """A KILLED run that is resumed: RUNNING again, owned by this process."""
+    """A KILLED run that is resumed: RUNNING again, owned by this process (alive now: its heartbeat follows)."""
     client = mlflow_client(tracking_uri)
+    own(client, run_id)
     client.update_run(run_id, status="RUNNING")
-    client.set_tag(run_id, "dsnb.host", socket.gethostname())
-    client.set_tag(run_id, "dsnb.pid", str(os.getpid()))
+
+
+def owner() -> dict[str, str]:
+    """The tags that make a run this process's, alive now (mark_stale_runs reads them)."""
+    return {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid()), "dsnb.alive": str(int(time.time()))}
+
+
+def own(client, run_id: str) -> None:
+    from mlflow.entities import RunTag
+
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in owner().items()])
 
 
 def mark_resumed(run_id: str, tracking_uri: str, checkpoint: str) -> None:
@@ -297,6 +310,7 @@ def mark_resumed(run_id: str, tracking_uri: str, checkpoint: str) -> None:
     where, and what had stopped it): the interruption's failure and error tags go, and so does its traceback
     (error.txt), where the store's artifacts are local files."""
     client = mlflow_client(tracking_uri)
+    own(client, run_id)  # `dsnb run --resume` reopens it here, not through reopen_run
     run = client.get_run(run_id)
     tags = run.data.tags
     note = f"from {os.path.basename(checkpoint)} after: {tags.get('error') or tags.get('failure') or 'a stop'}"

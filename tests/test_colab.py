@@ -214,7 +214,7 @@ def test_colab_rehearsal_survives_a_killed_kernel_and_leaves_colabs_packages_alo
     assert set(last) == set(after_save)  # the last Run all trained nothing
     text = facts["text"]
     assert re.search(r"this comparison \(\w+\) had finished", text)
-    assert "quality (repeat 1): kept its FINISHED" in text
+    assert "quality: kept its FINISHED" in text
     assert len([p for p in (facts["drive"] / "models").iterdir() if not p.name.startswith(".")]) == 1
     (tmp_path / "install.json").write_text(json.dumps({k: v for k, v in facts.items() if k in ("added", "changed",
                                                                                                 "downloaded_mb")}))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dsnb.compare import compare, newest_comparison, quality_check
+from dsnb.compare import compare, newest_comparison, quality_check, reuse
 from dsnb.config import OFFLINE, ConfigError, RunConfig, tutorial_pair
 from dsnb.tracking import STALE_S, create_run, finish, mlflow_client
 
@@ -42,7 +42,8 @@ def test_a_finished_comparison_is_shown_under_any_spelling_of_its_folder_and_tra
     they were recorded, whatever follows them, under results_folder "dsnb", "dsnb/" or "./dsnb"; nothing trains."""
     monkeypatch.chdir(tmp_path)
     first = RunConfig.layered(dict(OFFLINE, repeats=1, results_folder="dsnb"))
-    ids = record(pair_jobs(first), ["FINISHED", "FAILED"])  # a variant that ran out of memory is an answer too
+    ids = record(pair_jobs(first), ["FINISHED", "FAILED"])
+    mlflow_client(first.tracking_uri).set_tag(ids[1], "failure", "oom")  # a variant out of memory is an answer too
     for spelling in ("dsnb/", "./dsnb", str(tmp_path / "dsnb")):
         cfg = RunConfig.layered(dict(OFFLINE, repeats=1, results_folder=spelling))
         results = compare(cfg)
@@ -76,7 +77,7 @@ def test_a_run_still_running_elsewhere_waits_and_one_lost_before_its_first_heart
     client = mlflow_client(cfg.tracking_uri)
     client.set_tag(alive, "dsnb.host", "another-runtime")  # a live run on another machine: its heartbeat is fresh
     with pytest.raises(ConfigError, match="is still running on another-runtime"):
-        newest_comparison(cfg, jobs)
+        compare(cfg)
     # that machine died before its run's process first beat: the tag set when the run opened goes stale
     client.set_tag(alive, "dsnb.alive", str(int(time.time()) - STALE_S - 1))
     comparison, runs = newest_comparison(cfg, jobs)
@@ -93,3 +94,38 @@ def test_a_finished_quality_check_is_kept(tmp_path, capsys):
     finish(run_id, cfg.tracking_uri, "FINISHED")
     kept = quality_check(cfg)
     assert kept.run_id == run_id and kept.skipped and f"kept its FINISHED run {run_id}" in capsys.readouterr().out
+
+
+def test_a_failed_run_is_kept_only_where_its_failure_is_an_answer(tmp_path, capsys):
+    """Out of memory is the answer (the variant does not fit): kept. Another failure (a hub out of reach, a full disk)
+    may not recur: the comparison is not finished, and that job runs again (from its checkpoint where it left one)."""
+    cfg = RunConfig(**dict(OFFLINE, repeats=1, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+                           output_dir=str(tmp_path / "runs")))
+    without, with_ds = pair_jobs(cfg)
+    client = mlflow_client(cfg.tracking_uri)
+    ids = record([without, with_ds], ["FAILED", "FAILED"])
+    client.set_tag(ids[0], "failure", "oom")
+    client.set_tag(ids[1], "failure", "OSError")
+    comparison, runs = newest_comparison(cfg, [without, with_ds])
+    kept, resume = reuse(without, runs["Without_DeepSpeed", "0"], True, "without")
+    assert kept.run_id == ids[0] and resume is None
+    kept, resume = reuse(with_ds, runs["With_DeepSpeed", "0"], True, "with")
+    assert kept is None and resume is None and "with: its run" in capsys.readouterr().out  # no checkpoint: anew
+    checkpoint = tmp_path / "runs" / ids[1] / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 2, "max_steps": 8}')
+    assert reuse(with_ds, runs["With_DeepSpeed", "0"], True, "with") == (None, (ids[1], str(checkpoint)))
+
+
+def test_a_run_found_under_another_spelling_of_its_folder_is_taken_as_it_is(tmp_path, monkeypatch):
+    """A comparison found under results_folder "dsnb/" (first "dsnb") or another count of repeats resumes into its
+    run: the run keeps the params it has (MLflow refuses a param's value changed), and takes the ones it lacks."""
+    monkeypatch.chdir(tmp_path)
+    first = RunConfig.layered(dict(OFFLINE, repeats=1, results_folder="dsnb"))
+    [run_id] = record(pair_jobs(first)[:1], ["KILLED"])
+    client = mlflow_client(first.tracking_uri)
+    again = RunConfig.layered(dict(OFFLINE, repeats=3, results_folder="./dsnb/")).replace(
+        strategy="baseline", run_name="Without_DeepSpeed")
+    assert create_run(again, tags={"comparison": "abc"}, run_id=run_id) == run_id
+    params = client.get_run(run_id).data.params
+    assert params["results_folder"] == "dsnb" and params["repeats"] == "1"

@@ -186,7 +186,7 @@ def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did
     again = dsnb(*flags, cwd=workdir)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Without_DeepSpeed (repeat 1): kept its FINISHED run" in again.stdout
-    assert f"With_DeepSpeed (repeat 1): resumes its interrupted run {target.info.run_id} from checkpoint-" in \
+    assert f"With_DeepSpeed (repeat 1): resumes its run {target.info.run_id} (killed) from checkpoint-" in \
         again.stdout
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
