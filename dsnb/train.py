@@ -388,7 +388,7 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
         try:
             if run is not None and checkpoint:
                 tracking.mark_resumed(run.info.run_id, cfg.tracking_uri, checkpoint)
-            session = set_up(cfg, device, run.info.run_id if run else None, reporter, checkpoint)
+            session = set_up(cfg, device, run.info.run_id if run else run_id, reporter, checkpoint, log)
             if log:
                 record_start(session, checkpoint)
             raw = fit(session, checkpoint)
@@ -418,9 +418,11 @@ def deepspeed_env(device: str) -> None:
 
 
 def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter,
-           checkpoint: str | None = None) -> Session:
+           checkpoint: str | None = None, log: bool = True) -> Session:
     """Memory cap, DeepSpeed config, the Trainer's arguments, the plan (data, estimate), the model and the Trainer;
-    resuming from checkpoint, what the earlier processes trained and answered."""
+    resuming from checkpoint, what the earlier processes trained and answered. run_id: the run, as every rank that
+    knows it names its folder (each rank writes its DeepSpeed shards into one checkpoint there); log: this process
+    records it (rank 0)."""
 
     world = preflight.world_size()
     cap_memory(cfg, device)
@@ -467,7 +469,7 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter,
     trainer = CheckpointTrainer(model=model, args=args, train_dataset=the_plan.train_set, data_collator=batches,
                                 processing_class=tokenizer)
     # The "before" answers come once the model is placed (under ZeRO-3, once the engine's hooks can fetch it).
-    curve = tracking.Curve(run_id, cfg.tracking_uri) if run_id else None  # rank 0 records the run
+    curve = tracking.Curve(run_id, cfg.tracking_uri) if run_id and log else None  # rank 0 records the run
     callback = StepCallback(timer, Progress(timer, reporter), curve,
                             lambda: quality.score("before", trainer.model, tokenizer, cfg), cfg.checkpoint_minutes)
     trainer.add_callback(callback)
@@ -485,7 +487,7 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter,
 
     trainer.before_publish = [progress, *([lambda folder: curve.write()] if curve else [])]
     counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}
-    return Session(cfg, device, world, run_id is not None, run_dir, trainer, the_plan, timer, deepspeed, counts,
+    return Session(cfg, device, world, log and run_id is not None, run_dir, trainer, the_plan, timer, deepspeed, counts,
                    quality, gputil_before, reporter, prior, training_math(args, deepspeed))
 
 
@@ -583,8 +585,8 @@ class StepCallback(TrainerCallback):
         self.timer.consume()
         self.timer.mark(state.global_step)
         self.report(state.global_step, state.max_steps, self.loss)
-        if self.every_s and time.monotonic() - self.saved_at >= self.every_s and \
-                state.global_step % args.logging_steps == 0:
+        if self.every_s and state.global_step % args.logging_steps == 0 and \
+                agreed(time.monotonic() - self.saved_at >= self.every_s, args.device):
             control.should_save = True
         if state.global_step >= state.max_steps:
             control.should_log, control.should_save = True, False
@@ -605,6 +607,20 @@ class StepCallback(TrainerCallback):
             self.timer.exclude(time.perf_counter() - self.saving)
             self.saving = None
         self.saved_at = time.monotonic()
+
+
+def agreed(due: bool, device) -> bool:
+    """Whether any rank found a checkpoint due by its clock (each rank's clock runs on its own, and every rank must
+    save together, or the one that saves waits in DeepSpeed's barriers while the others step on); one small all-reduce,
+    made by every rank at the same steps. Alone, due itself."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return due
+    flag = torch.tensor([float(due)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def checkpoint_step(checkpoint: str) -> int:

@@ -148,12 +148,17 @@ def test_compiled_deepspeed_keeps_the_trainers_math(tmp_path, monkeypatch):
 
 def test_two_processes_record_each_ranks_peak(tmp_path):
     """num_gpus 2 starts two ranks with torchrun (CPU processes here, gloo); rank 0 logs every rank's peaks, and with
-    phase_times the step's phases from DeepSpeed's timers (the gradients' reduction across the ranks among them)."""
+    phase_times the step's phases from DeepSpeed's timers (the gradients' reduction across the ranks among them).
+    Checkpoints by the clock (kaggle_t4x2's path) are taken by both ranks together, into the run's own folder: each
+    rank's clock decides alone no more (one saving while the other steps on hangs), and rank 1's shards no longer land
+    in a folder of no run ("rank"), where a resume could not find them."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = RunConfig(**dict(BASE, max_steps=3), strategy="zero3", num_gpus=2, phase_times=True, tracking_uri=uri)
+    cfg = RunConfig(**dict(BASE, max_steps=3), strategy="zero3", num_gpus=2, phase_times=True, tracking_uri=uri,
+                    checkpoint_minutes=0.0001, output_dir=str(tmp_path / "runs"))
     result = run_all([cfg], progress=False)[0]
     assert result.status == "FINISHED", result
     metrics = result.metrics
+    assert metrics["checkpoint_seconds"] > 0 and not (tmp_path / "runs" / "rank").exists()
     phases = [metrics[f"phase_{name}_ms"] for name in ("forward", "backward", "optimizer_step")]
     assert min(phases) > 0 and metrics["phase_gradient_reduce_ms"] > 0
     assert metrics["phase_backward_ms"] >= metrics["phase_backward_compute_ms"]
