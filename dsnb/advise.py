@@ -45,7 +45,8 @@ VERIFY_STEPS, VERIFY_UNTIMED = 10, 3  # --verify: a few steps each, the first on
 STRATEGIES = (("baseline", "none", "none"), ("zero1", "none", "none"), ("zero2", "none", "none"),
               ("zero3", "none", "none"), ("zero2", "cpu", "none"), ("zero3", "cpu", "none"), ("zero3", "cpu", "cpu"),
               ("zero3", "nvme", "nvme"))
-KINDS = (("LoRA", "none"), ("LoRA", "8bit"), ("LoRA", "4bit"), ("full", "none"))
+KINDS = (("LoRA", "none"), ("LoRA", "8bit"), ("LoRA", "4bit"), ("LoRA", "fp8"), ("full", "none"))
+FP8_GPUS = ("L4", "H100", "H200")  # the classes with FP8 matmuls (compute capability 8.9 or more: dsnb/fp8.py)
 COLUMNS = ("rank", "fits", "time", "step_s", "gpu_gb", "host_gb", "training", "weights", "deepspeed", "loop", "batch",
            "why", "rough", "rests_on", "command")
 
@@ -112,6 +113,8 @@ def variants(cfg: RunConfig, m: Machine) -> list[RunConfig]:
     step = cfg.samples_per_step(cfg.num_gpus)
     out = []
     for (training, weights) in KINDS:
+        if weights == "fp8" and (m.gpu not in FP8_GPUS or half != "bf16"):
+            continue
         for strategy, opt, param in STRATEGIES:
             for compiled in (False, True):
                 for batch in micro_batches(cfg, step, m.count):
@@ -192,7 +195,7 @@ def describe(cfg: RunConfig) -> dict:
                                                      ("params", cfg.offload_param)) if where != "none"]
     loop = "compiled" + (" (DeepCompile)" if cfg.deepcompile else "") if cfg.torch_compile else "Trainer"
     return {"training": f"LoRA r{cfg.lora_r}" if cfg.lora_r else "full",
-            "weights": {"none": cfg.dtype, "8bit": "8-bit", "4bit": "4-bit"}[cfg.quantization],
+            "weights": {"none": cfg.dtype, "8bit": "8-bit", "4bit": "4-bit", "fp8": "fp8"}[cfg.quantization],
             "deepspeed": stage + (" + " + ", ".join(offload) + " offload" if offload else ""), "loop": loop,
             "batch": f"{cfg.batch_size} x {cfg.grad_accum}" + (f" x {cfg.num_gpus} GPUs" if cfg.num_gpus > 1 else "")}
 
@@ -240,10 +243,12 @@ def advise(cfg: RunConfig, gpu: str = "", gpus: int = 0, ram_gb: float = 0.0, ve
 def worth_trying(rows: list[dict]) -> list[int]:
     """The rows no other row of the same training kind (LoRA or full) beats: one that fits as well, in no more time,
     with no more than SAME_MEMORY more GPU memory and host RAM (closer than the estimate can tell them apart). Of
-    equals the first is kept: the simpler DeepSpeed setup, the smaller micro-batch."""
+    equals the first is kept: the simpler DeepSpeed setup, the smaller micro-batch. fp8 rows only beat fp8 rows: their
+    time is bf16's, a probe's figure (timing.rough_reasons), so they hide no measured path."""
     def beats(j: int, i: int) -> bool:
         a, b = rows[j], rows[i]
-        return a["training"] == b["training"] and FITS.index(a["fits"]) <= FITS.index(b["fits"]) and \
+        return a["training"] == b["training"] and (a["weights"] == "fp8") == (b["weights"] == "fp8") and \
+            FITS.index(a["fits"]) <= FITS.index(b["fits"]) and \
             a["seconds"] <= b["seconds"] and all(a[k] <= b[k] * (1 + SAME_MEMORY) for k in ("gpu_gb", "host_gb"))
 
     kept: list[int] = []

@@ -614,14 +614,25 @@ def working_in(folder: str) -> bool:
     return False
 
 
+LOCK_QUIET_S = 5  # torch's lock is taken over only this old, and with no process building there on two looks this far
+# apart: a build that DeepSpeed starts by itself at a run's start holds no builder_lock, and between torch taking its
+# lock and ninja starting (or ninja ending and torch letting the lock go) no process works in the folder for a moment
+
+
 def take_over_lock(folder: str, what: str) -> bool:
     """Remove torch's build lock where no process builds in `folder` (call it holding builder_lock, so that no dsnb
     build is between taking torch's lock and starting ninja); False where a build is still under way."""
     lock = os.path.join(folder, "lock")
     if not os.path.exists(lock):
         return True
-    if working_in(folder):
-        return False
+    for look in range(2):
+        with contextlib.suppress(FileNotFoundError):
+            if working_in(folder) or time.time() - os.path.getmtime(lock) < LOCK_QUIET_S:
+                return False
+        if look == 0:
+            time.sleep(LOCK_QUIET_S)
+    if not os.path.exists(lock):
+        return True
     with contextlib.suppress(FileNotFoundError):
         os.remove(lock)
         print(f"dsnb: took over the build lock of DeepSpeed's {what} op, left by a build that was killed ({lock})",

@@ -25,7 +25,8 @@ METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second"
 NO_RATIO = {"host_other_cores"}  # the machine's load while a run was timed: a caveat beside it, not its property
 ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
 EFFECT, POWER = 0.10, 0.80  # the held-out difference whose detection rate (power) is stated beside the test's verdict,
-# and the rate at which the number of questions that would detect it is given
+# and the rate at which the number of questions that would detect it is given (searched up to MOST_QUESTIONS)
+MOST_QUESTIONS = 16384
 FINGERPRINTS = ("eval_set", "data_fingerprint", "train_math", "scoring_mode")  # what same_work compares too
 
 
@@ -332,8 +333,10 @@ def sign_flip_p(diffs: list[int]) -> float:
 def same_answers(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
     """The paired held-out test: a and b are two variants' repeats, each {question: exact match}. On the questions
     both were asked, each variant's mean over its repeats; the p-value that they differ this much by chance
-    (sign_flip_p on integer differences). {"questions", "a", "b", "p", "signal"}; signal False where every answer
-    scored the same (all 0, say: nothing to tell the variants apart)."""
+    (sign_flip_p on integer differences). {"questions", "a", "b", "p", "signal", "power", "needed"}; signal False where
+    every answer scored the same (all 0, say: nothing to tell the variants apart); power and needed: the test's floor
+    of power at an EFFECT difference on these questions, and the questions that would reach POWER (power,
+    questions_needed)."""
     asked = sorted(set.intersection(*(set(r) for r in a + b))) if a and b else []
     if not asked:
         return {"questions": 0}
@@ -369,7 +372,8 @@ def power(a: list[dict], b: list[dict], asked: list, n: int, effect: float = EFF
     return float(np.mean(np.vectorize(math.erfc)(z / math.sqrt(2)) < ALPHA))
 
 
-def questions_needed(a: list[dict], b: list[dict], asked: list, goal: float = POWER, most: int = 20000) -> int | None:
+def questions_needed(a: list[dict], b: list[dict], asked: list, goal: float = POWER,
+                     most: int = MOST_QUESTIONS) -> int | None:
     """The fewest held-out questions like these (power's model) at which the test detects an EFFECT difference with
     probability `goal`, to the nearest step of a doubling search refined by halves; None beyond `most`."""
     n, found = 32, None
@@ -400,7 +404,8 @@ def held_out_line(client, base: list, group: list, base_name: str, name: str) ->
                 "questions, so they cannot tell the variants apart")
     head = f"{what}: {name} {test['b']:.2f} vs {base_name} {test['a']:.2f}, paired over {test['questions']} questions" \
         + synthetic_note(group[0].data.params.get("model"), group[0].data.params.get("preset"))
-    needed = f"about {test['needed']:,} questions would" if test["needed"] else "even 20,000 questions would not"
+    needed = f"about {test['needed']:,} questions would" if test["needed"] else \
+        f"even {MOST_QUESTIONS:,} questions would not"
     power_note = (f"; at {test['questions']} questions this test detects a {EFFECT * 100:.0f}-point difference in "
                   f"exact match at least {test['power']:.0%} of the time ({needed} detect it {POWER:.0%} of the time: "
                   "raise eval_samples)")

@@ -129,3 +129,17 @@ def train_here(cfgs, cwd, timeout: float = 900) -> dict:
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     return {r["name"]: SimpleNamespace(**r) for r in json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def benchmark_module(name: str):
+    """A script of benchmarks/ imported as a module (the tests hold the figures its results file states)."""
+    import importlib
+
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(BENCHMARKS)

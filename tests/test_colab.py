@@ -128,7 +128,7 @@ def kill_when(child, moment, timeout: float = 1800) -> bool:
                     process.kill()
             child.wait()
             return True
-        time.sleep(0.1)
+        time.sleep(0.05)  # the save cell of a tiny adapter lasts about a second
     child.wait()
     return False
 

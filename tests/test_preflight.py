@@ -1,4 +1,6 @@
+import os
 import subprocess
+import time
 
 import pytest
 
@@ -33,8 +35,9 @@ def test_nvme_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, monkeypa
 
 
 def test_a_build_lock_left_by_a_killed_build_is_taken_over_at_once(tmp_path, monkeypatch, capsys):
-    """torch's lock, just left (no age to wait for): taken over where no process builds in its folder; kept while one
-    does (a process working there, as ninja and the compilers do)."""
+    """torch's lock, left by a build killed minutes into it: taken over where no process builds in its folder; kept
+    while one does (a process working there, as ninja and the compilers do), and while it is seconds old (a build
+    DeepSpeed starts by itself holds no dsnb lock, and no process works in the folder before ninja starts)."""
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
     from dsnb.preflight import check_build_lock
@@ -43,6 +46,9 @@ def test_a_build_lock_left_by_a_killed_build_is_taken_over_at_once(tmp_path, mon
     folder = tmp_path / "ext" / CPUAdamBuilder().name
     folder.mkdir(parents=True)
     (folder / "lock").touch()
+    check_build_lock(CPUAdamBuilder(), "CPU Adam")
+    assert (folder / "lock").exists() and "another process is building" in capsys.readouterr().out  # just made
+    os.utime(folder / "lock", (time.time() - 120, time.time() - 120))
     building = subprocess.Popen(["sleep", "60"], cwd=folder)
     try:
         check_build_lock(CPUAdamBuilder(), "CPU Adam")

@@ -5,7 +5,6 @@ is the synthetic Llama-3.2-3B's (the tutorial's Bllossom 3B has the same dimensi
 import json
 import os
 import statistics
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -15,10 +14,11 @@ from dsnb.estimate import trainable_params
 from dsnb.model import SHAPES
 from dsnb.timing import FASTER, GPUS, RATES, describe_time, faster_settings, minutes, pair_estimate, time_estimate
 
+from conftest import BENCHMARKS, benchmark_module
+
 B3 = SimpleNamespace(**SHAPES["llama-3.2-3b"])
 B8 = SimpleNamespace(**SHAPES["llama-3.1-8b"])
 LENGTHS = [44, 37, 39, 35, 43, 40, 36, 55, 54, 45] * 100  # the synthetic set's first ten closed-book samples
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
 def estimate(gpu: str = "H200", world: int = 1, config=B3, **fields) -> dict:
@@ -41,13 +41,9 @@ def test_the_tutorials_t4_recipe_lands_near_the_tutorials_own_t4_times():
 
 @pytest.fixture(scope="module")
 def comparison():
-    sys.path.insert(0, BENCHMARKS)
-    try:
-        import time_vs_measured
-    finally:
-        sys.path.remove(BENCHMARKS)
-    rows, fitted, _ = time_vs_measured.compare()
-    return time_vs_measured, rows, fitted
+    module = benchmark_module("time_vs_measured")
+    rows, fitted, _ = module.compare()
+    return module, rows, fitted
 
 
 # The committed runs still more than 25% off when held out, each with why (time_vs_measured_h200.md says more): a
