@@ -392,11 +392,27 @@ def check_output_folder(path: str, what: str, empty: bool = False) -> None:
     check_writable_place(path, what)
 
 
+STALE_STAGING_S = 3600  # a staged copy nothing has written for this long was left by a process stopped part way
+
+
 def staging_path(dest: str) -> str:
     """A path beside dest that is dsnb's alone (hidden, with a random part: never a user's file), to write dest into
-    whole before renaming it into place; the caller creates it exclusively."""
+    whole before renaming it into place; the caller creates it exclusively. dsnb's staged copies of dest that a save,
+    export or unzip killed part way left behind (nothing written in them for an hour) are removed first, so they do
+    not pile up on Drive."""
     folder, name = os.path.split(os.path.abspath(dest.rstrip(os.sep)))
+    for left in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.dsnb-*")):
+        if time.time() - newest_write(left) > STALE_STAGING_S:
+            shutil.rmtree(left, ignore_errors=True) if os.path.isdir(left) else os.remove(left)
     return os.path.join(folder, f".{name}.dsnb-{uuid.uuid4().hex[:12]}")
+
+
+def newest_write(path: str) -> float:
+    """The newest modification time of a file, or of a folder and everything in it."""
+    times = [os.path.getmtime(path)]
+    for root, dirs, files in os.walk(path):
+        times += [os.path.getmtime(os.path.join(root, n)) for n in dirs + files]
+    return max(times)
 
 
 def check_output_file(path: str, what: str) -> None:

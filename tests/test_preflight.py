@@ -178,3 +178,22 @@ def test_a_store_of_this_schema_that_lacks_a_table_or_column_is_named(whole_stor
         con.execute(change)
     with pytest.raises(ConfigError, match=f"is an MLflow store that {named} .*it holds no runs.*move it away"):
         check_complete(str(db))
+
+
+def test_staged_copies_left_by_a_killed_save_are_cleared_and_live_ones_kept(tmp_path):
+    """A save, export or unzip killed part way leaves its hidden staged copy beside the destination (on Drive, where
+    they would pile up): the next staging of that destination removes those nothing has written in for an hour, and
+    leaves a fresh one (another process's, writing now) and every other file."""
+    from dsnb.preflight import staging_path
+
+    stale, live = tmp_path / ".adapter-1.dsnb-aaaaaaaaaaaa", tmp_path / ".adapter-1.dsnb-bbbbbbbbbbbb"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(b"x")
+    old = time.time() - 7200
+    for path in (stale / "adapter_model.safetensors", stale):
+        os.utime(path, (old, old))
+    (tmp_path / ".adapter-1.partial").mkdir()  # a user's, not dsnb's
+    new = staging_path(str(tmp_path / "adapter-1"))
+    assert not stale.exists() and live.exists() and (tmp_path / ".adapter-1.partial").exists()
+    assert os.path.basename(new).startswith(".adapter-1.dsnb-") and not os.path.exists(new)
