@@ -517,8 +517,20 @@ def show_ui(tracking_uri: str, port: int = 5000):
     except ImportError:
         print(f"Open the runs side by side: {ui_command(uri, port=port)}")
         return None
+    port = free_port(port)  # a UI already serving another store there (notebook 01's, say) would be framed instead
     start_ui(uri, port)
     return output.serve_kernel_port_as_iframe(port, height=800)
+
+
+def free_port(port: int) -> int:
+    """port, or the next one above it that nothing on 127.0.0.1 listens on."""
+    while True:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                port += 1
 
 
 # Where Colab's proxy serves a kernel port (the Host and the Origin it passes on): <port>-<runtime>.<region>.prod.

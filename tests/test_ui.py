@@ -145,3 +145,17 @@ def test_the_ui_shows_the_runs_and_their_metrics_in_a_frame_as_on_colab(ui, tmp_
         assert "1.911" in text and "3750" in text, text[:3000]
     finally:
         driver.quit()
+
+
+def test_a_port_taken_by_another_ui_is_passed_over():
+    """show_ui frames the port it starts its server on: one another UI (notebook 01's, say) already holds would show
+    that UI's store instead."""
+    import socket
+
+    from dsnb.tracking import free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert free_port(port) > port
