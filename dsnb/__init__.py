@@ -17,8 +17,9 @@ import logging
 
 # bitsandbytes' notes that tell a user nothing to do, quieted before anything imports it (peft does, through
 # transformers' Trainer): 8-bit matmuls casting fp32 inputs to fp16 at every call (the CPU's fp32 runs), and 4-bit on
-# the CPU lacking an optional kernel package (it falls back by itself).
-for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops"):
+# the CPU lacking an optional kernel package (it falls back by itself); and the hub kernels' note (transformers 5.25's
+# `kernels`) that offline it skips a check of a kernel it then does not fetch.
+for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops", "kernels._internals.hf_hub"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 from .advise import advise  # noqa: E402  eagerly (neither imports anything heavy): the module of the same name would

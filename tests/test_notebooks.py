@@ -100,9 +100,14 @@ def test_on_kaggle_the_hub_token_comes_from_its_secrets_and_the_first_cell_names
     from dsnb.notebook import from_notebook
     from dsnb.publish import hub_token
 
-    (tmp_path / "kaggle_secrets.py").write_text(
-        "class UserSecretsClient:\n    def get_secret(self, name):\n        return {'HF_TOKEN': 'hf_kaggle'}[name]\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    import types
+
+    class UserSecretsClient:
+        def get_secret(self, name):
+            return {"HF_TOKEN": "hf_kaggle"}[name]
+
+    # in sys.modules for this test alone: an imported stand-in left there would hand its token to later tests
+    monkeypatch.setitem(sys.modules, "kaggle_secrets", types.SimpleNamespace(UserSecretsClient=UserSecretsClient))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert hub_token() == "hf_kaggle"
     monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
