@@ -43,12 +43,12 @@ RATES = {
     "trainer_layer": 0.00499,  # s per layer of host and launch work in a micro-batch under the HF Trainer, 16-bit
     #                            weights, micro-batches of few lengths (bucket; 2 runs)
     "trainer_layer_varying": 0.00234,  # s per layer more where each micro-batch has its own length (longest; 7 runs)
-    "trainer_layer_4bit": 0.00961,  # the same with 4-bit weights (bitsandbytes' NF4), padded per batch (3 runs)
+    "trainer_layer_4bit": 0.00954,  # the same with 4-bit weights (bitsandbytes' NF4), padded per batch (2 runs)
     "trainer_layer_8bit": 0.00594,  # the same with 8-bit weights, micro-batches of few lengths (max_length, bucket;
     #                                5 runs)
-    "eight_bit_varying": 0.00678,  # s per layer more with 8-bit weights where each micro-batch has its own length
+    "eight_bit_varying": 0.0064,  # s per layer more with 8-bit weights where each micro-batch has its own length
     #                                (longest: notebook 01 and t4pad under colab_t4, the capacity map's 8-bit cells;
-    #                                7 runs)
+    #                                6 runs)
     "update_fused": 0.012,  # s per billion trained weights of torch's fused AdamW (HBM-bound; scaled by bandwidth):
     #                         its one run (speed.jsonl full_compiled) also wrote to MLflow every step, so not fitted
     "update_foreach": 0.0299,  # the same for the Trainer's foreach AdamW and DeepSpeed's (fp32 master; 5 runs)
@@ -56,7 +56,7 @@ RATES = {
     "deepcompile_layer": 0.000374,  # the same under DeepCompile, gathers and releases in the graph (1 run)
     "offload": 0.18,  # s a step that optimizer offload adds whatever is trained (8-bit LoRA, 3 runs)
     "param_offload_s_gb": 0.0497,  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (5)
-    "offload_s_per_b": 0.33,  # s per billion trained weights of CPU Adam and the copies to and from the host (11 runs)
+    "offload_s_per_b": 0.331,  # s per billion trained weights of CPU Adam and the copies to and from the host (11 runs)
     "nvme_s_per_b": 24.2,  # s per billion trained weights with optimizer and parameters on disk (1 run)
     "link_gb_s": 78.7,  # GB/s between two GPUs of one host as DeepSpeed used them (gradients and weights; 7 runs)
     "ddp_s_per_b": 0.444,  # s per billion trained weights that DDP's gradient all-reduce took beyond that (1 run)

@@ -50,19 +50,19 @@ def comparison():
 # change that puts another run outside 25% fails; one that brings a run inside may drop it from here.
 MISSES = {
     ("zero_flat_full.jsonl", "full_flat"): "full fine-tuning's update rate rests on five runs that differ by 3x",
-    ("multi_gpu.jsonl", "llama-3.2-3b zero2_1gpu"): "the same, and one-GPU cells ran in pairs",
-    ("capacity.jsonl", "llama-3.2-1b lora_8bit"): "the 1B cell took longer than the 3B's (0.708 s against 0.409)",
+    ("multi_gpu.jsonl", "llama-3.2-3b zero2_1gpu"): "the same; fp32-master bytes fit it but not ZeRO-3's runs",
     ("capacity.jsonl", "llama-3.2-1b lora_bf16"): "the 1B cells' host work a layer is 1.3-1.4x the 3B's",
-    ("graphscheck.jsonl", "plain_ga2_nographs"): "the path's two runs differ by 1.37x",
+    ("graphscheck.jsonl", "plain_ga2_nographs"): "the path's two runs differ by 1.37x, from two sessions",
     ("graphscheck.jsonl", "z2_ga2_flat_nographs"): "the same",
     ("scale_8b.jsonl", "llama-3.1-8b zero3_1gpu"): "ZeRO-3's fetch took 17 ms a layer on 8B, 27-31 on 3B",
     ("scale_8b_b16.jsonl", "llama-3.1-8b zero3_1gpu"): "the same",
     ("scale_8b.jsonl", "llama-3.1-8b zero3_offload_1gpu"): "6.66 s on one GPU where two took 4.43 s each",
-    ("big.jsonl", "8b_lora_zero3_offload_15gb"): "the 15 GB cap's smaller live-parameter window, not modelled",
-    ("capacity_15gb_h200.md", "full_zero2_opt-cpu"): "ZeRO-2 offload in a 15 GB cap: the cap's buckets, not modelled",
+    ("big.jsonl", "8b_lora_zero3_offload_15gb"): "three timed steps of about 2.5, 3.9 and 1.3 s (its log)",
+    ("capacity_15gb_h200.md", "full_zero2_opt-cpu"): "reserved 15.27 GB, at its 15 GB cap: the allocator's churn",
     ("t4pad.jsonl", "pad_longest_b8"): "8-bit, one micro-batch of 8 padded per batch paid 1.9 ms a layer for its own "
                                        "lengths where 2 x 4 paid 5.5 per micro-batch: not per step, nor per new length",
 }
+HELD_OUT = (83, 72, 0.089)  # held-out runs, how many within 25%, the median absolute error (time_vs_measured_h200.md)
 
 
 def test_every_committed_gpu_run_is_predicted_held_out_by_path(comparison):
@@ -71,9 +71,10 @@ def test_every_committed_gpu_run_is_predicted_held_out_by_path(comparison):
     listed misses; none dropped quietly (superseded and slowed runs are listed apart, with why)."""
     module, rows, _ = comparison
     target = module.held_out(rows)
-    assert len(rows) >= 100 and len(target) >= 80, (len(rows), len(target))
+    assert len(rows) >= 100 and len(target) >= HELD_OUT[0], (len(rows), len(target))
     errors = {(r["source"], r["variant"]): module.error(r) for r in target}
-    assert statistics.median(abs(e) for e in errors.values()) <= 0.10
+    assert statistics.median(abs(e) for e in errors.values()) <= HELD_OUT[2]
+    assert sum(abs(e) <= 0.25 for e in errors.values()) >= HELD_OUT[1]
     outside = {key: f"{e:+.0%}" for key, e in errors.items() if abs(e) > 0.25}
     assert set(outside) <= set(MISSES), {k: v for k, v in outside.items() if k not in MISSES}
     # the Colab user's path and the tutorial's own recipe, held out, within 25%
@@ -83,7 +84,27 @@ def test_every_committed_gpu_run_is_predicted_held_out_by_path(comparison):
     slowed = {(r["source"], r["variant"]) for r in rows if r["slowed"]}
     assert slowed == {("speed.jsonl", "tutorial"), ("speed.jsonl", "full"), ("multi_gpu.jsonl", "llama-3.2-3b "
                       "baseline_1gpu"), ("multi_gpu.jsonl", "llama-3.2-3b zero1_1gpu"),
-                      ("capacity_zero3.jsonl", "llama-3.2-1b lora_zero3_offload")}, slowed
+                      ("capacity_zero3.jsonl", "llama-3.2-1b lora_zero3_offload"),
+                      ("capacity.jsonl", "llama-3.2-1b lora_8bit"),
+                      ("capacity.jsonl", "llama-3.2-1b qlora_4bit")}, slowed
+
+
+def test_the_first_two_cells_of_a_side_by_side_call_count_only_where_a_replicate_measured_them(comparison):
+    """A call that runs one-GPU cells two at a time starts its first two together, each one's timed steps in the
+    other's start-up: in every such listing, those two are left out with why, unless the same work measured in
+    another listing decides (the 1.3x rule); every later cell, and every cell of a listing run one at a time, stands
+    on its own measurement."""
+    module, rows, _ = comparison
+    for name in module.SIDE_BY_SIDE:
+        cells = [r for r in rows if r["source"] == name and r["gpus"] == 1]
+        assert len(cells) >= 4, name
+        for row in cells[:2]:
+            twins = [r for r in rows if r is not row and module.workload(r["cfg"]) == module.workload(row["cfg"])]
+            assert row["slowed"] and ("the same work's" if twins else "started with") in row["slowed"], row["slowed"]
+            assert row not in module.held_out(rows)
+        assert not any(r["slowed"] and "started with" in r["slowed"] for r in cells[2:]), name
+    assert not any(r["slowed"] and "started with" in r["slowed"] for r in rows if r["source"] not in
+                   module.SIDE_BY_SIDE)
 
 
 def test_the_rates_are_what_the_committed_runs_fit(comparison):
