@@ -170,6 +170,7 @@ def predict(cfg: RunConfig, m: Machine, config, masks: dict, lengths: list[int])
     gpu_gb, host_gb = est["est_peak_gpu_mb"] * MB / 2**30, est["est_peak_host_mb"] * MB / 2**30 * m.count
     fits, why = judge(cfg, m, gpu_gb, host_gb)
     return {"fits": fits, "why": why, "seconds": seconds, "time": minutes(seconds), "step_s": when["step_seconds"],
+            "verify_s": when["load_seconds"] + when["compile_seconds"] + VERIFY_STEPS * when["step_seconds"],
             "gpu_gb": round(gpu_gb, 1), "host_gb": round(host_gb, 1), "rough": "; ".join(rough),
             "rests_on": when["source"]}
 
@@ -211,12 +212,12 @@ def command(cfg: RunConfig) -> str:
 
 
 def advise(cfg: RunConfig, gpu: str = "", gpus: int = 0, ram_gb: float = 0.0, verify: int = 0,
-           progress: bool = True):
+           progress: bool = True, report=None):
     """Every variant of cfg's task worth trying on the machine (gpu, gpus, ram_gb: see machine(); ram_gb defaults to
     cfg's ram_budget_gb), ranked: those that fit first, by predicted time for the whole run; then tight, then those
     that do not fit. With verify K, the top K that fit run here for a few steps each and their measurements join the
-    table. Returns a pandas DataFrame (COLUMNS, and measured_* with verify); its attrs hold the machine and the
-    configs, by rank."""
+    table (report: see measure). Returns a pandas DataFrame (COLUMNS, and measured_* with verify); its attrs hold the
+    machine and the configs, by rank."""
     import pandas as pd
 
     m = machine(gpu, gpus, ram_gb or cfg.ram_budget_gb, cfg.num_gpus)
@@ -233,10 +234,11 @@ def advise(cfg: RunConfig, gpu: str = "", gpus: int = 0, ram_gb: float = 0.0, ve
     for variant in cfgs:
         rows.append({**predict(variant, m, config, masks, lengths), **describe(variant), "command": command(variant)})
     order = sorted(worth_trying(rows), key=lambda i: (FITS.index(rows[i]["fits"]), rows[i]["seconds"]))
-    table = pd.DataFrame([{**rows[i], "rank": r + 1} for r, i in enumerate(order)], columns=[*COLUMNS, "seconds"])
+    table = pd.DataFrame([{**rows[i], "rank": r + 1} for r, i in enumerate(order)],
+                         columns=[*COLUMNS, "seconds", "verify_s"])
     table.attrs.update(machine=m, configs=[cfgs[i] for i in order], samples=len(lengths))
     if verify:
-        table = measure(table, verify, progress)
+        table = measure(table, verify, progress, report)
     return table
 
 
@@ -271,23 +273,40 @@ def check_verify(m: Machine, k: int) -> None:
                           "for this machine (no --gpu, --gpus at most its count) or drop --verify")
 
 
-def measure(table, k: int, progress: bool = True):
-    """The top k variants that fit, each run for VERIFY_STEPS steps in its own process: measured GPU peak and seconds a
-    step beside the predicted ones."""
+def measure(table, k: int, progress: bool = True, report=None):
+    """The top k variants that fit, each run for VERIFY_STEPS steps in its own process, one after another: measured
+    GPU peak, seconds a step and the run's seconds beside the predicted ones. report(line), where given, gets each
+    variant's line as soon as its run ends, so a verify cut short (a session's limit) still says what it measured."""
     top = table[table["fits"] == "fits"].head(k)
-    cfgs = [table.attrs["configs"][i].replace(max_steps=VERIFY_STEPS, untimed_steps=VERIFY_UNTIMED, eval_samples=0,
-                                              save_model=False, checkpoint_minutes=0, experiment="dsnb_advise",
-                                              run_name=f"advise_{rank}")
-            for i, rank in zip(top.index, top["rank"], strict=True)]
-    results = run_all(cfgs, progress=progress)
     table = table.copy()
-    for i, result in zip(top.index, results, strict=True):
+    for i, rank in zip(top.index, top["rank"], strict=True):
+        cfg = table.attrs["configs"][rank - 1].replace(
+            max_steps=VERIFY_STEPS, untimed_steps=VERIFY_UNTIMED, eval_samples=0, save_model=False,
+            checkpoint_minutes=0, experiment="dsnb_advise", run_name=f"advise_{rank}")
+        result = run_all([cfg], progress=progress)[0]
         metrics = result.metrics
         table.loc[i, "measured_status"] = result.status
         table.loc[i, "measured_gpu_gb"] = round(metrics.get("peak_gpu_allocated_mb", math.nan) / 1024, 1)
         table.loc[i, "measured_step_s"] = metrics.get("step_time_ms", math.nan) / 1000
+        table.loc[i, "measured_run_s"] = result.wall_seconds if result.wall_seconds is not None else math.nan
         table.loc[i, "run_id"] = result.run_id
+        if report:
+            report(verified(table.loc[i]))
     return table
+
+
+def verified(row) -> str:
+    """One verified variant: measured against predicted, with the error of each (measured / predicted - 1)."""
+    def pair(measured, predicted, form: str) -> str:
+        if measured != measured:  # NaN: not measured (no GPU; a run that ended before its timed steps)
+            return f"not measured, {form.format(predicted)} predicted"
+        return f"{form.format(measured)} measured, {form.format(predicted)} predicted ({measured / predicted - 1:+.0%})"
+
+    return (f"verify {row['rank']}. {row['training']} {row['weights']}, {row['deepspeed']}, {row['loop']} "
+            f"{row['batch']}: {row['measured_status']}; "
+            f"s/step {pair(row['measured_step_s'], row['step_s'], '{:.3g}')}; "
+            f"GPU peak GB {pair(row['measured_gpu_gb'], row['gpu_gb'], '{:g}')}; the run's seconds ({VERIFY_STEPS} "
+            f"steps, loading and compiling) {pair(row['measured_run_s'], row['verify_s'], '{:.0f}')}")
 
 
 def text(table, cfg: RunConfig, top: int = 20) -> str:
@@ -303,10 +322,13 @@ def text(table, cfg: RunConfig, top: int = 20) -> str:
              ""]
     measured = "measured_step_s" in shown
     head = ["#", "fits", "time", "s/step", "GPU GB", "host GB", "training", "weights", "DeepSpeed", "loop", "batch"]
-    head += ["measured s/step", "measured GPU GB"] if measured else []
+    head += ["measured s/step", "measured GPU GB", f"run s ({VERIFY_STEPS} steps): predicted, measured"] \
+        if measured else []
     cells = [[str(r["rank"]), r["fits"], r["time"] + ("*" if r["rough"] else ""), f"{r['step_s']:.3g}",
               f"{r['gpu_gb']:g}", f"{r['host_gb']:g}", r["training"], r["weights"], r["deepspeed"], r["loop"],
-              r["batch"]] + ([cell(r.get("measured_step_s"), "{:.3g}"), cell(r.get("measured_gpu_gb"), "{:g}")]
+              r["batch"]] + ([cell(r.get("measured_step_s"), "{:.3g}"), cell(r.get("measured_gpu_gb"), "{:g}"),
+                              f"{r['verify_s']:.0f}, {cell(r.get('measured_run_s'), '{:.0f}')}"
+                              if r.get("measured_status") == r.get("measured_status") else "-"]
                              if measured else []) for _, r in shown.iterrows()]
     widths = [max(len(x) for x in col) for col in zip(head, *cells, strict=True)]
     lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() for row in [head, *cells]]

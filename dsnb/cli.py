@@ -333,7 +333,7 @@ def cmd_advise(args) -> int:
     from .advise import advise, text  # deferred: transformers and torch load only where a table is made
 
     cfg = build_config(args)
-    table = advise(cfg, args.gpu, args.gpus, args.ram, args.verify)
+    table = advise(cfg, args.gpu, args.gpus, args.ram, args.verify, report=lambda line: print(line, flush=True))
     print(text(table, cfg, args.top))
     return 0
 

@@ -116,24 +116,36 @@ def test_the_command_line_prints_the_table_and_commands_that_run(capsys):
 
 @pytest.mark.integration
 def test_verify_runs_the_top_variants_and_puts_the_measurements_beside(workdir):
-    """What --verify does on a GPU, here on the CPU (where advise refuses it): the top variant that fits runs for a few
-    steps in its own process, as one MLflow run, and its measured step joins the table beside the prediction (on the
-    CPU no GPU peak is measured, so that cell stays empty)."""
+    """What --verify does on a GPU, here on the CPU (where advise refuses it): the top variants that fit run for a few
+    steps each in their own process, one MLflow run each, and their measured step and run time join the table beside
+    the prediction (on the CPU no GPU peak is measured, so that cell stays empty). Each variant's line is reported as
+    soon as its run ends, before the next one starts: a verify cut short by a session's limit still says what it
+    measured (on the H200, a 450 s limit stopped the third of three)."""
+    import mlflow
+
     from dsnb.advise import VERIFY_STEPS, measure
 
     cfg = RunConfig.layered({"max_steps": 0}, offline=True)  # fp32: every variant in fp32, which the CPU runs
     table = advise(cfg, gpu="H200", gpus=1, progress=False)
     plain = table[(table["loop"] == "Trainer") & (table["deepspeed"] == "none") & (table["fits"] == "fits")]
-    measured = measure(plain, 1, progress=False)
-    first = measured.iloc[0]
-    assert first["measured_status"] == "FINISHED" and first["measured_step_s"] > 0, first
-    assert first["measured_gpu_gb"] != first["measured_gpu_gb"]  # NaN: no GPU here
-    assert measured.iloc[1:]["measured_status"].isna().all()  # only the top one ran
-    import mlflow
+    client, lines = mlflow.MlflowClient(cfg.tracking_uri), []
 
-    run = mlflow.MlflowClient(cfg.tracking_uri).get_run(first["run_id"])
-    assert run.data.params["max_steps"] == str(VERIFY_STEPS) and run.info.run_name == f"advise_{first['rank']}"
-    assert "measured s/step" in text(measured, cfg)
+    def report(line: str) -> None:
+        experiment = client.get_experiment_by_name("dsnb_advise")
+        lines.append((line, len(client.search_runs([experiment.experiment_id]))))
+
+    measured = measure(plain, 2, progress=False, report=report)
+    assert [n for _, n in lines] == [1, 2], lines  # each line before the next run existed
+    for (line, _), (_, row) in zip(lines, measured.head(2).iterrows(), strict=True):
+        assert row["measured_status"] == "FINISHED" and row["measured_step_s"] > 0 and row["measured_run_s"] > 0, row
+        assert row["measured_gpu_gb"] != row["measured_gpu_gb"]  # NaN: no GPU here
+        assert line.startswith(f"verify {row['rank']}.") and "GPU peak GB not measured" in line, line
+        assert f"{row['measured_run_s']:.0f} measured, {row['verify_s']:.0f} predicted" in line, line
+        run = client.get_run(row["run_id"])
+        assert run.data.params["max_steps"] == str(VERIFY_STEPS) and run.info.run_name == f"advise_{row['rank']}"
+    assert measured.iloc[2:]["measured_status"].isna().all()  # only the top two ran
+    shown = text(measured, cfg)
+    assert "measured s/step" in shown and f"{measured.iloc[0]['measured_run_s']:.0f}" in shown
 
 
 @pytest.mark.integration
