@@ -117,12 +117,12 @@ def say(progress: bool, text: str) -> None:
 def quality_check(cfg: RunConfig, progress: bool = True, again: bool = False) -> RunResult | None:
     """The offline check that training teaches (the quality preset: synthetic:small learns to answer from the
     synthetic passages, asked questions no training row holds), logged to cfg's store and experiment; None where
-    cfg.eval_samples is 0. Its newest finished run of the same config is kept (unless again), an interrupted one
-    resumed from its checkpoint."""
+    cfg.eval_samples is 0. It shares cfg's results_folder, so the model keep saves of it lands there too. Its newest
+    finished run of the same config is kept (unless again), an interrupted one resumed from its checkpoint."""
     if not cfg.eval_samples:
         return None
     quality = RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri, "experiment": cfg.experiment,
-                                 "output_dir": cfg.output_dir})
+                                 "output_dir": cfg.output_dir, "results_folder": cfg.results_folder})
     run = None if again else newest_run(quality)
     result, resume = reuse(quality, run, progress, quality.name)
     return result or run_variant(quality, progress=progress, resume=resume)

@@ -36,9 +36,9 @@ from .metrics import GPU_PEAK_FLOPS, flops_per_token
 # rates before it). tests/test_timing.py holds these figures to that fit; time_vs_measured_h200.md lists each rate's
 # runs and every run predicted with the rates fitted without it.
 RATES = {
-    "mfu": 0.504,  # share of the GPU's peak FLOP/s a compiled step's tokens compute at (the throughput mode, 13 runs)
-    "compiled_layer": 0.000599,  # s per layer a compiled micro-batch takes at least, replayed as CUDA graphs (8 runs)
-    "ds_step_layer": 0.000244,  # s per layer of DeepSpeed's own compiled ZeRO-1/2 step beyond dsnb's flat one (1 run)
+    "mfu": 0.504,  # share of the GPU's peak FLOP/s a compiled step's tokens compute at (FLOP-bound; 17 runs)
+    "compiled_layer": 0.000589,  # s per layer a compiled micro-batch takes at least, replayed as CUDA graphs (5 runs)
+    "ds_step_layer": 0.000254,  # s per layer of DeepSpeed's own compiled ZeRO-1/2 step beyond dsnb's flat one (1 run)
     "compiled_layer_nographs": 0.00179,  # the same floor without CUDA graphs (2 runs)
     "trainer_layer": 0.00499,  # s per layer of host and launch work in a micro-batch under the HF Trainer, 16-bit
     #                            weights, micro-batches of few lengths (bucket; 2 runs)

@@ -177,6 +177,7 @@ def rehearse(tmp_path, fresh: bool, kills: tuple = ()) -> dict:
     pair = sorted(name_status for name_status in passes[-1].values() if name_status[0] != "quality")
     assert pair == [("With_DeepSpeed", "FINISHED"), ("Without_DeepSpeed", "FINISHED")], passes[-1]
     assert list(drive.glob("dsnb_mlflow*.zip")) and list(drive.glob("models/adapter-*/adapter_config.json"))
+    assert not [p.name for p in work.iterdir() if p.name.startswith(("adapter-", "merged-", "dsnb_mlflow"))]  # Drive's
     assert "No GPU in this runtime" not in text and "Traceback" not in text
     after = installed(python)
     return {"added": sorted(set(after) - set(before)),
@@ -215,7 +216,11 @@ def test_colab_rehearsal_survives_a_killed_kernel_and_leaves_colabs_packages_alo
     text = facts["text"]
     assert re.search(r"this comparison \(\w+\) had finished", text)
     assert "quality: kept its FINISHED" in text
-    assert len([p for p in (facts["drive"] / "models").iterdir() if not p.name.startswith(".")]) == 1
+    # on Drive, one folder a kept run, each written once whatever the kills: the pair's run the save cell keeps and the
+    # quality check's run the ask cell saves (the one that learned to answer, the model being a random synthetic one)
+    kept = sorted(p.name for p in (facts["drive"] / "models").iterdir() if not p.name.startswith("."))
+    quality_id = next(i for i, (n, s) in last.items() if n == "quality" and s == "FINISHED")
+    assert len(kept) == 2 and f"adapter-{quality_id[:8]}" in kept, kept
     (tmp_path / "install.json").write_text(json.dumps({k: v for k, v in facts.items() if k in ("added", "changed",
                                                                                                 "downloaded_mb")}))
     print(f"setup: added {facts['added']}, changed {facts['changed']}, {facts['seconds']:.0f} s")
