@@ -53,7 +53,7 @@ RATES = {
     #                         its one run (speed.jsonl full_compiled) also wrote to MLflow every step, so not fitted
     "update_foreach": 0.0299,  # the same for the Trainer's foreach AdamW and DeepSpeed's (fp32 master; 5 runs)
     "zero3_layer": 0.0265,  # s per layer of a micro-batch: ZeRO-3's fetch and release hooks (5 runs)
-    "deepcompile_layer": 0.000374,  # the same under DeepCompile, gathers and releases in the graph (1 run)
+    "deepcompile_layer": 0.000385,  # the same under DeepCompile, gathers and releases in the graph (1 run)
     "offload": 0.18,  # s a step that optimizer offload adds whatever is trained (8-bit LoRA, 3 runs)
     "param_offload_s_gb": 0.0497,  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (5)
     "offload_s_per_b": 0.331,  # s per billion trained weights of CPU Adam and the copies to and from the host (11 runs)
