@@ -8,8 +8,9 @@
 #                                                    # the bench's: 12 rows of 1024 tokens)
 #   OUT=out bash benchmarks/gpu_runs.sh fp8          # fp8 base weights (quantization fp8) against bf16 ones: the
 #                                                    # throughput mode from cold compile caches, REPEATS (2) of each,
-#                                                    # then the closed-book fast recipe; PARTS=throughput or
-#                                                    # PARTS=fast runs one half (two calls, where one runs short)
+#                                                    # then the closed-book fast recipe; fp8 compiles for minutes cold
+#                                                    # (fp8_h200.md), so one call each: PARTS=throughput REPEATS=1,
+#                                                    # again, then PARTS=fast
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
@@ -78,9 +79,10 @@ bench)
   dump bench
   ;;
 advise)  # the tutorial's task on the 3B shape in a T4's 15 GB: every variant ranked, then the top 3 that fit run for
-  # 10 steps each (--verify), measured beside predicted (about 5 minutes)
+  # 10 steps each (--verify), measured beside predicted: each run compiles for 2-3 minutes cold (advise_verify_h200.md:
+  # 134 and 196 s for the first two), so give the call all of its 10 minutes (VERIFY=2: two, where less is left)
   prebuild synthetic:llama-3.2-3b
-  timeout 450 python3 -m dsnb advise "${B3[@]}" --memory_budget_gb 15 --gpus 1 --verify 3 --top 30 \
+  timeout "${LIMIT:-560}" python3 -m dsnb advise "${B3[@]}" --memory_budget_gb 15 --gpus 1 --verify "${VERIFY:-3}" --top 30 \
     > "$OUT/advise.txt" 2> "$OUT/advise.log"
   echo "advise exit $?"; head -40 "$OUT/advise.txt"
   dump advise
@@ -117,13 +119,13 @@ fp8)  # FP8 frozen base weights (dsnb/fp8.py) against bf16 weights, side by side
   if [[ "${PARTS:-throughput fast}" == *throughput* ]]; then
     for rep in $(seq "${REPEATS:-2}"); do
       for weights in none fp8; do
-        fp8_run "throughput_${weights/none/bf16}_cold$rep" "$weights" 170 $(bench_flags throughput_compiled 8 12)
+        fp8_run "throughput_${weights/none/bf16}_cold$rep" "$weights" 300 $(bench_flags throughput_compiled 8 12)
       done
     done
   fi
   if [[ "${PARTS:-throughput fast}" == *fast* ]]; then
     for weights in none fp8; do
-      fp8_run "fast_eos_${weights/none/bf16}" "$weights" 140 $(bench_flags fast_compiled 8 24) --prompt eos
+      fp8_run "fast_eos_${weights/none/bf16}" "$weights" 240 $(bench_flags fast_compiled 8 24) --prompt eos
     done
   fi
   dump fp8

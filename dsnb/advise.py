@@ -286,7 +286,7 @@ def measure(table, k: int, progress: bool = True, report=None):
         result = run_all([cfg], progress=progress)[0]
         metrics = result.metrics
         table.loc[i, "measured_status"] = result.status
-        table.loc[i, "measured_gpu_gb"] = round(metrics.get("peak_gpu_allocated_mb", math.nan) / 1024, 1)
+        table.loc[i, "measured_gpu_gb"] = metrics.get("peak_gpu_allocated_mb", math.nan) / 1024
         table.loc[i, "measured_step_s"] = metrics.get("step_time_ms", math.nan) / 1000
         table.loc[i, "measured_run_s"] = result.wall_seconds if result.wall_seconds is not None else math.nan
         table.loc[i, "run_id"] = result.run_id
@@ -296,16 +296,23 @@ def measure(table, k: int, progress: bool = True, report=None):
 
 
 def verified(row) -> str:
-    """One verified variant: measured against predicted, with the error of each (measured / predicted - 1)."""
-    def pair(measured, predicted, form: str) -> str:
-        if measured != measured:  # NaN: not measured (no GPU; a run that ended before its timed steps)
-            return f"not measured, {form.format(predicted)} predicted"
-        return f"{form.format(measured)} measured, {form.format(predicted)} predicted ({measured / predicted - 1:+.0%})"
+    """One verified variant: measured against predicted, with the error of each (measured / predicted - 1). A run that
+    did not finish is no measurement of the variant: what it reached is said, with no error against a whole run."""
+    name = f"verify {row['rank']}. {row['training']} {row['weights']}, {row['deepspeed']}, {row['loop']} {row['batch']}"
+    if row["measured_status"] != "FINISHED":
+        peak = row["measured_gpu_gb"]
+        return (f"{name}: {row['measured_status']} after {cell(row['measured_run_s'], '{:.0f}')} s, before a full "
+                f"measurement; GPU peak so far {cell(peak, '{:.1f}')} GB ({row['gpu_gb']:g} predicted); see run "
+                f"{row['run_id']}")
 
-    return (f"verify {row['rank']}. {row['training']} {row['weights']}, {row['deepspeed']}, {row['loop']} "
-            f"{row['batch']}: {row['measured_status']}; "
-            f"s/step {pair(row['measured_step_s'], row['step_s'], '{:.3g}')}; "
-            f"GPU peak GB {pair(row['measured_gpu_gb'], row['gpu_gb'], '{:g}')}; the run's seconds ({VERIFY_STEPS} "
+    def pair(measured, predicted, form: str) -> str:
+        if measured != measured:  # NaN: not measured (no GPU here)
+            return f"not measured, {form.format(predicted)} predicted"
+        error = f" ({measured / predicted - 1:+.1%})" if predicted else ""
+        return f"{form.format(measured)} measured, {form.format(predicted)} predicted{error}"
+
+    return (f"{name}: FINISHED; s/step {pair(row['measured_step_s'], row['step_s'], '{:.3g}')}; "
+            f"GPU peak GB {pair(row['measured_gpu_gb'], row['gpu_gb'], '{:.2f}')}; the run's seconds ({VERIFY_STEPS} "
             f"steps, loading and compiling) {pair(row['measured_run_s'], row['verify_s'], '{:.0f}')}")
 
 
@@ -326,8 +333,10 @@ def text(table, cfg: RunConfig, top: int = 20) -> str:
         if measured else []
     cells = [[str(r["rank"]), r["fits"], r["time"] + ("*" if r["rough"] else ""), f"{r['step_s']:.3g}",
               f"{r['gpu_gb']:g}", f"{r['host_gb']:g}", r["training"], r["weights"], r["deepspeed"], r["loop"],
-              r["batch"]] + ([cell(r.get("measured_step_s"), "{:.3g}"), cell(r.get("measured_gpu_gb"), "{:g}"),
-                              f"{r['verify_s']:.0f}, {cell(r.get('measured_run_s'), '{:.0f}')}"
+              r["batch"]] + ([cell(r.get("measured_step_s"), "{:.3g}"), cell(r.get("measured_gpu_gb"), "{:.1f}"),
+                              f"{r['verify_s']:.0f}, " + (cell(r.get("measured_run_s"), "{:.0f}")
+                                                           if r.get("measured_status") == "FINISHED"
+                                                           else r.get("measured_status"))
                               if r.get("measured_status") == r.get("measured_status") else "-"]
                              if measured else []) for _, r in shown.iterrows()]
     widths = [max(len(x) for x in col) for col in zip(head, *cells, strict=True)]

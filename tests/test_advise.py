@@ -114,6 +114,26 @@ def test_the_command_line_prints_the_table_and_commands_that_run(capsys):
         assert build_config(args) == cfg
 
 
+def test_a_verify_run_that_did_not_finish_is_not_compared_with_a_whole_run():
+    """A FAILED or KILLED verify run (out of memory, a session's limit) says what it reached, with no error against
+    the prediction of a whole run; a finished one's errors come from the unrounded peak, and a prediction of 0 (a tiny
+    model) gives no error rather than a division by zero that would stop the remaining runs."""
+    import pandas as pd
+
+    from dsnb.advise import verified
+
+    base = dict(rank=3, training="LoRA r16", weights="fp8", deepspeed="none", loop="compiled", batch="1 x 8",
+                step_s=0.134, gpu_gb=6.0, verify_s=91.0, run_id="abc")
+    killed = verified(pd.Series(dict(base, measured_status="KILLED", measured_step_s=float("nan"),
+                                     measured_gpu_gb=6078 / 1024, measured_run_s=90.8)))
+    assert killed.startswith("verify 3. LoRA r16 fp8") and "KILLED after 91 s" in killed and "so far 5.9 GB" in killed
+    assert "%" not in killed and "run abc" in killed, killed
+    done = verified(pd.Series(dict(base, measured_status="FINISHED", measured_step_s=0.122, gpu_gb=0.0,
+                                   measured_gpu_gb=6949 / 1024, measured_run_s=195.5)))
+    assert "0.122 measured, 0.134 predicted (-9.0%)" in done and "6.79 measured, 0.00 predicted;" in done, done
+    assert "196 measured, 91 predicted (+114.8%)" in done, done
+
+
 @pytest.mark.integration
 def test_verify_runs_the_top_variants_and_puts_the_measurements_beside(workdir):
     """What --verify does on a GPU, here on the CPU (where advise refuses it): the top variants that fit run for a few
