@@ -233,7 +233,9 @@ def advise(cfg: RunConfig, gpu: str = "", gpus: int = 0, ram_gb: float = 0.0, ve
     rows = []
     for variant in cfgs:
         rows.append({**predict(variant, m, config, masks, lengths), **describe(variant), "command": command(variant)})
-    order = sorted(worth_trying(rows), key=lambda i: (FITS.index(rows[i]["fits"]), rows[i]["seconds"]))
+    # equal times: the one whose time is measured (not rough) first, since fp8's is bf16's by assumption
+    order = sorted(worth_trying(rows), key=lambda i: (FITS.index(rows[i]["fits"]), rows[i]["seconds"],
+                                                      bool(rows[i]["rough"])))
     table = pd.DataFrame([{**rows[i], "rank": r + 1} for r, i in enumerate(order)],
                          columns=[*COLUMNS, "seconds", "verify_s"])
     table.attrs.update(machine=m, configs=[cfgs[i] for i in order], samples=len(lengths))
