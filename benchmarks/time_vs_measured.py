@@ -450,8 +450,8 @@ def summary(rows: list[dict], used: dict):
     target = held_out(rows)
     print("\n## Summary\n")
     print(stats(HELD_OUT, target))
-    print(stats("Seconds per step, fitted (every run in the fit)", [r for r in rows if r["gpu"] == "H200" and not
-                                                                    r["superseded"]], "fitted"))
+    print(stats("Seconds per step, in sample (the fitted rates; every H200 run of today's code, the slowed ones too)",
+                [r for r in rows if r["gpu"] == "H200" and not r["superseded"]], "fitted"))
     print("\n| path | runs | slowed | held out | within 25% | median error | worst error |\n"
           "|---|---:|---:|---:|---:|---:|---:|")
     for key in RATES:
