@@ -334,14 +334,18 @@ def workload(cfg: RunConfig) -> str:
     return json.dumps(work, sort_keys=True)
 
 
+def twins(row: dict, rows: list[dict]) -> list[dict]:
+    """The other rows of today's code that measured the same work on the same GPU: the row's replicates."""
+    return [r for r in rows if r is not row and not r["superseded"] and r["gpu"] == row["gpu"] and
+            workload(r["cfg"]) == workload(row["cfg"])]
+
+
 def mark_slowed(rows: list[dict]) -> None:
     """Sets each row's "slowed": why it is left out (a replicate took under 1/SLOWED of its step, or it started
     together with another cell of a side-by-side call and no replicate measured it), or None."""
     first = {name: [r for r in rows if r["source"] == name and r["gpus"] == 1][:2] for name in SIDE_BY_SIDE}
     for row in rows:
-        twins = [r for r in rows if r is not row and not r["superseded"] and r["gpu"] == row["gpu"] and
-                 workload(r["cfg"]) == workload(row["cfg"])]
-        fastest = min(twins, key=lambda r: r["step"], default=None)
+        fastest = min(twins(row, rows), key=lambda r: r["step"], default=None)
         pair = first.get(row["source"], [])
         row["slowed"] = None
         if row["superseded"]:

@@ -99,8 +99,9 @@ def test_the_first_two_cells_of_a_side_by_side_call_count_only_where_a_replicate
         cells = [r for r in rows if r["source"] == name and r["gpus"] == 1]
         assert len(cells) >= 4, name
         for row in cells[:2]:
-            twins = [r for r in rows if r is not row and module.workload(r["cfg"]) == module.workload(row["cfg"])]
-            assert row["slowed"] and ("the same work's" if twins else "started with") in row["slowed"], row["slowed"]
+            replicated = module.twins(row, rows)
+            assert row["slowed"] and ("the same work's" if replicated else "started with") in row["slowed"], \
+                row["slowed"]
             assert row not in module.held_out(rows)
         assert not any(r["slowed"] and "started with" in r["slowed"] for r in cells[2:]), name
     assert not any(r["slowed"] and "started with" in r["slowed"] for r in rows if r["source"] not in
