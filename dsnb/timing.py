@@ -77,6 +77,8 @@ OFFLOAD_SETUP_S_PER_B = 12  # s per billion trained weights to allocate and pin 
 #                             scale_8b: full_zero2_offload +18 / +40 s for 1B / 3B, zero2_offload_1gpu +100 s for 8B)
 COMPILE_SECONDS = 60  # the compiled loop's first compile, inductor's cache cold (fast.jsonl: fast_compiled 108.6 s of
 #                       wall time cold, 40.5 s warm; graphscheck.jsonl 74-97 s)
+FP8_COMPILE = 1.6  # fp8 weights' first compile against bf16's, the same shape cold (advise_verify_h200.md: the first
+#                   step at 194 s against 132, about 164 s of compiling against 102)
 DEEPCOMPILE_SECONDS = 290  # DeepCompile compiles, profiles and compiles again (deepcompile.jsonl: zero3_dc, 323 s)
 DOWNLOAD_GB_S = 0.1  # a hub model's first download (assumed; cached afterwards)
 GPUS = ("T4", "L4", "A100", "H100", "H200")
@@ -201,8 +203,10 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
     if cfg.torch_compile and cfg.strategy == "baseline" and cfg.lora_r == 0:
         reasons.append("compiled full fine-tuning without DeepSpeed is measured once, by code since changed")
     if cfg.quantization == "fp8":
-        reasons.append("fp8 weights are timed as bf16 ones: measured once, in a probe outside dsnb's run (the compiled "
-                       "3B LoRA step 0.81x bf16's; the uncompiled path unmeasured)")
+        reasons.append("fp8 weights are timed as bf16 ones (the compiled 3B LoRA step: 0.81x bf16's in a probe outside "
+                       "dsnb's run, the throughput mode's shape; 1.03x in dsnb's advise --verify on the H200, rows "
+                       "mostly padding; the uncompiled path unmeasured) and their first compile as "
+                       f"{FP8_COMPILE:g}x bf16's (one run)")
     if world > 2:
         reasons.append("more than two GPUs are not measured")
     elif world > 1 and cfg.strategy == "baseline":
@@ -228,7 +232,7 @@ def time_estimate(cfg: RunConfig, lengths: list[int], config, trainable: int, wo
     if cfg.offload_optimizer != "none":
         load += trainable / 1e9 * OFFLOAD_SETUP_S_PER_B
     compiling = (DEEPCOMPILE_SECONDS if cfg.deepcompile and cfg.strategy == "zero3" else COMPILE_SECONDS) * \
-        HOST_FACTOR.get(gpu, 1.0) if cfg.torch_compile else 0.0
+        HOST_FACTOR.get(gpu, 1.0) * (FP8_COMPILE if cfg.quantization == "fp8" else 1.0) if cfg.torch_compile else 0.0
     source = (f"dsnb's compiled loop on the H200 (per-layer floor, {rates['mfu']:.0%} of the GPU's peak)"
               if cfg.torch_compile else "the HF Trainer on the H200 (per-layer floor, the weights trained and moved)")
     source += {"H200": "", "T4": " and the tutorial's T4 runs"}.get(gpu, ", scaled by datasheet peaks")
