@@ -42,8 +42,10 @@ def bench_configs(offline: bool, untimed: int, steps: int, tracking_uri: str, pa
     base, variants = bench_variants(path)
     cfgs = {}
     for name, changes in variants.items():
-        # Offline, on the CPU: fp32 (fp16 needs a GPU, bf16 is emulated) and the offline set's 64 samples and rows.
-        cpu = dict(dtype="fp32", num_samples=OFFLINE["num_samples"], max_length=OFFLINE["max_length"],
+        # Offline, on the CPU: fp32 (fp16 needs a GPU, bf16 is emulated; fp8 weights keep bf16, theirs, and are
+        # listed as not run there) and the offline set's 64 samples and rows.
+        cpu = dict(dtype="bf16" if changes.get("quantization") == "fp8" else "fp32",
+                   num_samples=OFFLINE["num_samples"], max_length=OFFLINE["max_length"],
                    memory_budget_gb=0, attention="sdpa",
                    batch_size=OFFLINE_ROWS if changes.get("padding") == "filled" else
                    min(changes.get("batch_size", RunConfig.batch_size), OFFLINE_MAX_BATCH))
@@ -75,6 +77,10 @@ def regressions(result: dict, baseline: dict, slack: float = 0.5, pair_seconds: 
     mine = {v["name"]: v for v in result["variants"]}
     for row in result["variants"]:
         name, ref = row["name"], committed.get(row["name"], {})
+        if row.get("not_run"):
+            if ref.get("finished"):
+                problems.append(f"{name}: not run on this machine, so not compared ({row['not_run']})")
+            continue
         if row["finished"] < row["repeats"]:
             problems.append(f"{name}: {row['finished']}/{row['repeats']} runs finished")
         # this variant's samples, then the tutorial's (the ratios' reference), against the baseline's
@@ -123,14 +129,22 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
     taken = [p for p in (stem + ".json", stem + ".md") if os.path.exists(p)]
     if taken:  # a committed result that --baseline compares against must never be overwritten by a new run
         raise ConfigError(f"{taken[0]} exists; move it or give --out another folder")
+    # A variant this machine cannot run (fp8 weights without FP8 matmuls, a budget above its GPU) is listed with why,
+    # not run; every other variant runs
+    not_here = {}
+    for name in names:
+        try:
+            preflight.check_device(cfgs[name], device)
+        except ConfigError as e:
+            not_here[name] = str(e)
     # Interleaved, so drift on a shared machine hits every variant alike.
-    jobs = [(repeat, name) for repeat in range(repeats) for name in names]
+    jobs = [(repeat, name) for repeat in range(repeats) for name in names if name not in not_here]
     results = run_all([cfgs[name] for _, name in jobs], progress=True, gpus=gpus,
                       tags=[{"bench_repeat": repeat} for repeat, _ in jobs])
     runs: dict[str, list[RunResult]] = {n: [] for n in names}
     for (_, name), result in zip(jobs, results, strict=True):
         runs[name].append(result)
-    rows = [summarize(n, runs[n]) for n in names]
+    rows = [{**summarize(n, runs[n]), **({"not_run": not_here[n]} if n in not_here else {})} for n in names]
     base = next((r for r in rows if r["name"] == "tutorial"), None)
     for row in rows:
         ok = base and base["samples_per_second"] and row["samples_per_second"]
@@ -169,5 +183,7 @@ def markdown(result: dict) -> str:
                      f"{num(r['step_time_ms'], '.0f')} | {num(r.get('peak_gpu_allocated_mb'), ',.0f', '-')} | "
                      f"{num(r.get('peak_gpu_nvml_mb'), ',.0f', '-')} | {num(r['final_loss'], '.3f')} | "
                      f"{ratio} | {r['finished']}/{r['repeats']} |")
+    lines += [""] + [f"Not run on this machine: {r['name']}: {r['not_run']}" for r in result["variants"]
+                     if r.get("not_run")]
     lines += ["", f"MFU: {result['mfu_convention']}.", ""]
     return "\n".join(lines)

@@ -117,3 +117,21 @@ def test_an_installed_dsnb_carries_its_bench_and_presets(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     names = set(zipfile.ZipFile(next(tmp_path.glob("dsnb-*.whl"))).namelist())
     assert {"dsnb/bench.yaml", "dsnb/presets/colab_t4.yaml", "dsnb/presets/quality.yaml"} <= names
+
+
+def test_a_variant_this_machine_cannot_run_is_listed_with_why_and_the_rest_run(tmp_path, monkeypatch):
+    """fp8 weights on the CPU (no FP8 matmuls): the bench lists the variant as not run here, with preflight's reason,
+    instead of stopping every variant at the pre-flight; a baseline that measured it says it was not compared."""
+    from dsnb.bench import markdown, regressions, run_bench
+
+    monkeypatch.chdir(tmp_path)
+    result = run_bench(offline=True, repeats=1, untimed=1, steps=1, only=["throughput_fp8_compiled"],
+                       out_dir=str(tmp_path / "out"), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    [row] = result["variants"]
+    assert row["repeats"] == row["finished"] == 0 and "needs a GPU with FP8 matmuls" in row["not_run"], row
+    assert "Not run on this machine: throughput_fp8_compiled: quantization fp8 needs a GPU" in markdown(result)
+    assert (tmp_path / "out" / "cpu.json").exists()
+    assert regressions(result, {"variants": [{"name": "throughput_fp8_compiled"}]}) == []
+    measured = {"variants": [{"name": "throughput_fp8_compiled", "finished": 3, "ratio_to_tutorial": 9.0}]}
+    assert regressions(result, measured) == [f"throughput_fp8_compiled: not run on this machine, so not compared "
+                                             f"({row['not_run']})"]
