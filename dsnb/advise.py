@@ -22,12 +22,14 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from .compare import newest_run, reuse
 from .config import ConfigError, RunConfig
 from .data import build_dataset, load_records
 from .estimate import MB, estimate_memory, row_length, tokens_per_micro_batch, trainable_params
 from .launch import run_all
 from .model import load_tokenizer, model_config
 from .timing import GPUS, gpu_class, minutes, time_estimate
+from .tracking import mlflow_client
 
 # GiB PyTorch can use on each class of GPU (T4: 14.75, as Colab's shows; H200: 139.8, as the measured runs' showed;
 # L4, A100 (40 GB, Colab's) and H100 from their datasheets); memory_budget_gb caps it lower.
@@ -278,19 +280,26 @@ def check_verify(m: Machine, k: int) -> None:
 def measure(table, k: int, progress: bool = True, report=None):
     """The top k variants that fit, each run for VERIFY_STEPS steps in its own process, one after another: measured
     GPU peak, seconds a step and the run's seconds beside the predicted ones. report(line), where given, gets each
-    variant's line as soon as its run ends, so a verify cut short (a session's limit) still says what it measured."""
+    variant's line as soon as its run ends, so a verify cut short (a session's limit) still says what it measured.
+    Run again, a variant whose run on this machine ended (compare.reuse) is kept, not measured again."""
     top = table[table["fits"] == "fits"].head(k)
-    table = table.copy()
+    table, here = table.copy(), table.attrs["machine"].describe()
     for i, rank in zip(top.index, top["rank"], strict=True):
         cfg = table.attrs["configs"][rank - 1].replace(
             max_steps=VERIFY_STEPS, untimed_steps=VERIFY_UNTIMED, eval_samples=0, save_model=False,
             checkpoint_minutes=0, experiment="dsnb_advise", run_name=f"advise_{rank}")
-        result = run_all([cfg], progress=progress)[0]
+        run = newest_run(cfg)
+        if run is not None and run.data.tags.get("advise_machine") != here:
+            run = None  # another machine's measurement, not this one's
+        kept, resume = reuse(cfg, run, progress, cfg.name)
+        result = kept or run_all([cfg], progress=progress, tags=[{"advise_machine": here}], resumes=[resume])[0]
         metrics = result.metrics
         table.loc[i, "measured_status"] = result.status
         table.loc[i, "measured_gpu_gb"] = metrics.get("peak_gpu_allocated_mb", math.nan) / 1024
         table.loc[i, "measured_step_s"] = metrics.get("step_time_ms", math.nan) / 1000
-        table.loc[i, "measured_run_s"] = result.wall_seconds if result.wall_seconds is not None else math.nan
+        info = mlflow_client(cfg.tracking_uri).get_run(result.run_id).info  # the record, start to end: the same
+        # seconds for a run kept from an earlier verify as for one run now
+        table.loc[i, "measured_run_s"] = (info.end_time - info.start_time) / 1000 if info.end_time else math.nan
         table.loc[i, "run_id"] = result.run_id
         if report:
             report(verified(table.loc[i]))
@@ -314,8 +323,9 @@ def verified(row) -> str:
         return f"{form.format(measured)} measured, {form.format(predicted)} predicted{error}"
 
     return (f"{name}: FINISHED; s/step {pair(row['measured_step_s'], row['step_s'], '{:.3g}')}; "
-            f"GPU peak GB {pair(row['measured_gpu_gb'], row['gpu_gb'], '{:.2f}')}; the run's seconds ({VERIFY_STEPS} "
-            f"steps, loading and compiling) {pair(row['measured_run_s'], row['verify_s'], '{:.0f}')}")
+            f"GPU peak GB {pair(row['measured_gpu_gb'], row['gpu_gb'], '{:.2f}')}; the run's seconds (its record, "
+            f"start to end: loading, compiling, {VERIFY_STEPS} steps) "
+            f"{pair(row['measured_run_s'], row['verify_s'], '{:.0f}')}")
 
 
 def text(table, cfg: RunConfig, top: int = 20) -> str:

@@ -140,7 +140,7 @@ def test_verify_runs_the_top_variants_and_puts_the_measurements_beside(workdir):
     steps each in their own process, one MLflow run each, and their measured step and run time join the table beside
     the prediction (on the CPU no GPU peak is measured, so that cell stays empty). Each variant's line is reported as
     soon as its run ends, before the next one starts: a verify cut short by a session's limit still says what it
-    measured (on the H200, a 450 s limit stopped the third of three)."""
+    measured (on the H200, a 450 s limit stopped the third of three); run again, it measures nothing that finished."""
     import mlflow
 
     from dsnb.advise import VERIFY_STEPS, measure
@@ -164,6 +164,11 @@ def test_verify_runs_the_top_variants_and_puts_the_measurements_beside(workdir):
         run = client.get_run(row["run_id"])
         assert run.data.params["max_steps"] == str(VERIFY_STEPS) and run.info.run_name == f"advise_{row['rank']}"
     assert measured.iloc[2:]["measured_status"].isna().all()  # only the top two ran
+    # run again (after a session ended, say): what finished on this machine is kept, measured once
+    again = measure(plain, 2, progress=False)
+    assert list(again.head(2)["run_id"]) == list(measured.head(2)["run_id"])
+    assert len(client.search_runs([client.get_experiment_by_name("dsnb_advise").experiment_id])) == 2
+    assert list(again.head(2)["measured_run_s"]) == list(measured.head(2)["measured_run_s"])  # the record's seconds
     shown = text(measured, cfg)
     assert "measured s/step" in shown and f"{measured.iloc[0]['measured_run_s']:.0f}" in shown
 
