@@ -288,9 +288,7 @@ def measure(table, k: int, progress: bool = True, report=None):
         cfg = table.attrs["configs"][rank - 1].replace(
             max_steps=VERIFY_STEPS, untimed_steps=VERIFY_UNTIMED, eval_samples=0, save_model=False,
             checkpoint_minutes=0, experiment="dsnb_advise", run_name=f"advise_{rank}")
-        run = newest_run(cfg)
-        if run is not None and run.data.tags.get("advise_machine") != here:
-            run = None  # another machine's measurement, not this one's
+        run = newest_run(cfg, {"advise_machine": here})  # this machine's: another's measures another machine
         kept, resume = reuse(cfg, run, progress, cfg.name)
         result = kept or run_all([cfg], progress=progress, tags=[{"advise_machine": here}], resumes=[resume])[0]
         metrics = result.metrics

@@ -13,13 +13,13 @@ import json
 import os
 from importlib import metadata
 
-from .config import RunConfig, redact
+from .config import PLACES, RunConfig, redact
 from .data import HUB_DATASETS, eval_task
 from .metrics import busy_host
 
 KINDS = {"adapter": "LoRA adapter", "merged": "base model with the LoRA adapter merged in",
          "full": "fully fine-tuned model"}
-KEPT_AT = ("output_dir", "results_folder", "tracking_uri", "nvme_path")  # where this machine kept the run
+KEPT_AT = (*PLACES, "nvme_path")  # where this machine kept the run
 SCORING = {"squad": "SQuAD v1.1's normalization, F1 over words", "korquad": "KorQuAD 1.0's, F1 over characters"}
 
 

@@ -128,9 +128,11 @@ def quality_check(cfg: RunConfig, progress: bool = True, again: bool = False) ->
     return result or run_variant(quality, progress=progress, resume=resume)
 
 
-def newest_run(cfg: RunConfig):
-    """The newest run named like cfg and started with cfg (config.PLACES aside), or None."""
+def newest_run(cfg: RunConfig, tags: dict | None = None):
+    """The newest run named like cfg and started with cfg (config.PLACES aside), and holding tags where given, or
+    None."""
     client = mlflow_client(cfg.tracking_uri)
     tracking.mark_stale_runs(client)
     runs = tracking.search(client, [tracking.experiment_id(cfg)], order_by=["attributes.start_time DESC"])
-    return next((r for r in runs if r.info.run_name == cfg.name and tracking.same_config(r, cfg)), None)
+    return next((r for r in runs if r.info.run_name == cfg.name and tracking.same_config(r, cfg) and
+                 all(r.data.tags.get(k) == v for k, v in (tags or {}).items())), None)

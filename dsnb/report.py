@@ -14,7 +14,7 @@ import io
 
 from .config import WORK_FIELDS, redact
 from .data import eval_task
-from .metrics import BUSY_CORES, BUSY_SHARE, BUSY_STEAL, Budget, busy_host, fit, gpu_taken_mb
+from .metrics import Budget, busy_host, fit, gpu_taken_mb
 from .tracking import RunResult, existing_store, mlflow_client, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
@@ -192,19 +192,13 @@ def spread_line(group: list, base: list, key: str, what: str, name: str, base_na
 def busy_runs(loaded: list) -> str:
     """In words, the runs that were timed while the machine was busy (other processes' CPU time, or the hypervisor
     taking it), or "" where none was."""
-    worst = []
-    for run in loaded:
-        m = run.data.metrics
-        cores = m.get("host_cores", 1.0)
-        other, steal = m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0)
-        if busy_host(m):
-            worst.append((other, steal, cores, run.info.run_name))
+    worst = [m for m in (run.data.metrics for run in loaded) if busy_host(m)]
     if not worst:
         return ""
-    other, steal, cores, _ = max(worst)
-    return (f"{len(worst)} of the {len(loaded)} runs were timed on a busy machine (other processes used up to "
-            f"{other:.1f} of its {cores:.0f} cores" + (f", the hypervisor took {steal:.0%}" if steal > BUSY_STEAL
-                                                       else "") + ")")
+    # the busiest run's load, in busy_host's words, "up to" since the others used less
+    busiest = busy_host(max(worst, key=lambda m: (m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0))))
+    return (f"{len(worst)} of the {len(loaded)} runs were timed on a busy machine ("
+            + busiest.replace("other processes used", "other processes used up to", 1) + ")")
 
 
 def synthetic_note(model: str | None, preset: str | None = "") -> str:
@@ -225,9 +219,8 @@ def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
         note = " (start-up included: no step was left untimed)" if m.get("throughput_includes_startup") else ""
         lines.append(f"  speed    {m['samples_per_second']:.4g} samples/s, {m.get('tokens_per_second', 0):,.0f} real "
                      f"tokens/s over {m.get('timed_steps', 0):.0f} timed steps{note}; MFU {100 * m.get('mfu', 0):.2f}%")
-    if m.get("host_other_cores", 0) > max(BUSY_CORES, BUSY_SHARE * m.get("host_cores", 1)):
-        lines.append(f"  note     other processes used {m['host_other_cores']:.1f} of the machine's "
-                     f"{m.get('host_cores', 0):.0f} cores meanwhile: the speed is not this run's alone")
+    if busy := busy_host(m):
+        lines.append(f"  note     {busy} meanwhile: the speed is not this run's alone")
     gpu = (f"GPU {m['peak_gpu_allocated_mb'] / 1024:.2f} GB allocated ({m['peak_gpu_nvml_mb'] / 1024:.2f} GB by NVML), "
            if "peak_gpu_allocated_mb" in m else "")  # a CPU run measured none
     lines.append(f"  peaks    {gpu}host {m.get('peak_cpu_rss_mb', 0) / 1024:.2f} GB resident")
