@@ -281,17 +281,11 @@ def _terminated(signum, frame):
 
 def watch_parent(pid: int) -> None:
     """If the process that started this one dies (killed, its kernel shut down, or the launcher of a rank: torchrun's
-    or DeepSpeed's agent, gone with its node), stop as if interrupted, rather than run on alone."""
-    import psutil
-
-    def alive() -> bool:  # a parent killed but not yet reaped by its own parent is a zombie: gone all the same
-        try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+    or DeepSpeed's agent, gone with its node), stop as if interrupted, rather than run on alone (a new dsnb here waits
+    for that: preflight.wait_for_orphans)."""
 
     def watch():
-        while alive():
+        while preflight.alive(pid):
             time.sleep(1)
         os.kill(os.getpid(), signal.SIGINT)
 

@@ -16,6 +16,7 @@ import re
 import shlex
 import shutil
 import sqlite3
+import sys
 import tempfile
 import time
 import uuid
@@ -69,6 +70,7 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
                      [os.environ.get(name) for name in ("TORCH_CUDA_ARCH_LIST", "DSNB_CACHE")], sort_keys=True)
     if key in _CHECKED:
         return
+    wait_for_orphans()  # before the GPU's free memory is read and the store opened: an orphan holds both
     check_device(cfg, device)
     check_store(cfg.tracking_uri)
     world = world_size() if "WORLD_SIZE" in os.environ else cfg.num_gpus
@@ -139,6 +141,57 @@ def check_disk(cfg: RunConfig) -> None:
     for path, _, what in places:
         device = os.stat(next(d for d in _parents(os.path.abspath(path)) if os.path.exists(d))).st_dev
         check_free_space(path, devices[device], what)
+
+
+ORPHAN_WAIT_S = 90  # an orphan stops itself within seconds (launch.watch_parent); one stuck this long is killed
+
+
+def alive(pid: int) -> bool:
+    """Whether process pid runs: a process killed but not yet reaped by its parent is a zombie, gone all the same."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def orphans() -> list:
+    """This host's dsnb training processes (python -m dsnb.child, torchrun's over them) whose dsnb is gone (killed with
+    its kernel or terminal): each is stopping itself (launch.watch_parent), recording its run KILLED and freeing its
+    GPU memory. Until it has, a run started here would share the GPU with it, and a run resumed from its record would
+    race it for the record and the checkpoints."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if "dsnb.child" not in command or process.pid == os.getpid():
+            continue
+        try:
+            with open(command[command.index("dsnb.child") + 1]) as f:
+                parent = json.load(f)["parent_pid"]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            parent = None  # its description is gone: its dsnb ended, or the orphan removed it while ending
+        if parent is None or not alive(parent):
+            found.append(process)
+    return found
+
+
+def wait_for_orphans(timeout: float = ORPHAN_WAIT_S) -> list[int]:
+    """Wait for this host's orphans (see orphans) to end, killing any still there after timeout; their pids."""
+    import psutil
+
+    waiting = orphans()
+    if waiting:
+        print(f"dsnb: waiting for {len(waiting)} training process(es) of a dsnb that was stopped (pid "
+              f"{', '.join(str(p.pid) for p in waiting)}) to record their run and end", file=sys.stderr, flush=True)
+        _, left = psutil.wait_procs(waiting, timeout=timeout)
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(left, timeout=10)
+    return [p.pid for p in waiting]
 
 
 def check_store(uri: str) -> None:
@@ -228,14 +281,26 @@ def check_complete(db: str) -> None:
     """A ConfigError naming a store this MLflow cannot use as it is, with what to do: one whose creation or migration
     was cut short (tables half-made), one of an older schema (upgradable), one a newer MLflow made, or one of this
     schema that lacks a table or column (changed outside MLflow: MLflow opens it, then a run fails part way)."""
+    from urllib.parse import quote
+
+    # Read-write where it can be: a writer killed mid-transaction leaves a journal that its next reader must roll back
+    # (a read-only connection fails on it: "attempt to write a readonly database").
+    mode = "rw" if os.access(db, os.W_OK) and os.access(os.path.dirname(os.path.abspath(db)), os.W_OK) else "ro"
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+        with contextlib.closing(sqlite3.connect(f"file:{quote(os.path.abspath(db))}?mode={mode}", uri=True,
+                                                timeout=20)) as con:
             columns = set(con.execute("SELECT m.name, p.name FROM sqlite_master AS m, pragma_table_xinfo(m.name) AS p "
                                       "WHERE m.type = 'table'"))  # xinfo: generated columns too
             tables = {table for table, _ in columns}
             runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
             version = con.execute("SELECT version_num FROM alembic_version").fetchone() \
                 if "alembic_version" in tables else None
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):  # MLflow's own wait is 20 s too
+            raise ConfigError(f"{db} is locked by another program (one holding a transaction open for 20 s or more: a "
+                              "database browser, a stuck process); close it and run again") from None
+        raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); give another tracking_uri, or move it "
+                          "away (a run then creates a new store there)") from None
     except sqlite3.DatabaseError as e:
         raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); give another tracking_uri, or move it "
                           "away (a run then creates a new store there)") from None

@@ -24,7 +24,8 @@ import zipfile
 from importlib import metadata
 
 from .config import PLACES, ConfigError, RunConfig, describe, redact, sqlite_path
-from .preflight import check_complete, check_output_file, check_scheme, check_sqlite_uri, staging_path
+from .preflight import (check_complete, check_output_file, check_scheme, check_sqlite_uri, staging_path,
+                        wait_for_orphans)
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
 # MLflow's "Downloading artifacts" bars tell a notebook user nothing (dsnb reads small files back); yours, if set, stay.
@@ -244,6 +245,7 @@ def mark_stale_runs(client) -> list[str]:
     its training process first beat is found too; a run of an older dsnb without the tag counts from its start."""
     import psutil
 
+    wait_for_orphans()  # a run whose dsnb is gone but whose training process is still ending is judged once it has
     stale = []
     host = socket.gethostname()
     experiments = [e.experiment_id for e in client.search_experiments()]

@@ -119,6 +119,31 @@ def test_wrong_places_and_values_are_named(here, workdir, flags, message):
     assert sorted(p.name for p in workdir.iterdir()) == ["a_file", "a_folder"]  # nothing made on the way
 
 
+def test_a_store_whose_writer_was_killed_mid_write_is_read(here, workdir):
+    """A process SIGKILLed inside a write (a dsnb whose kernel was killed while it logged) leaves the store's journal
+    behind; the next reader rolls the write back, as SQLite and MLflow do. The store is whole and is used as it is,
+    never called unreadable (a read-only look at it fails on that journal)."""
+    run_id = a_store_with_a_run(workdir, 0.01)
+    writer = subprocess.Popen([sys.executable, "-c", """
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA cache_size = 1")
+con.execute("BEGIN IMMEDIATE")
+for i in range(20000):
+    con.execute("INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)", (f"k{i}", "x" * 200, sys.argv[2]))
+print("inside", flush=True)
+sys.stdin.read()
+""", str(workdir / "mlflow.db"), run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline() == "inside\n"
+    writer.kill()
+    writer.wait()
+    assert (workdir / "mlflow.db-journal").exists()
+    code, err = here("check", "--offline")
+    assert code == 0, err
+    tags = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db").get_run(run_id).data.tags
+    assert not any(key.startswith("k") for key in tags)  # the killed write was rolled back
+
+
 def test_a_cache_folder_that_cannot_be_written_is_named(here, workdir, read_only, monkeypatch):
     monkeypatch.setenv("DSNB_CACHE", str(read_only / "cache"))
     code, err = here("check", "--offline")

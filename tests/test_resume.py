@@ -157,19 +157,22 @@ def test_a_checkpoint_of_the_last_step_leaves_nothing_to_train_and_the_record_st
     assert os.listdir(workdir / "runs" / run_id) == []
 
 
-def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did_not(workdir):
-    """The whole comparison killed mid-way (a Colab runtime that ends): running it again keeps the finished variant,
-    resumes the interrupted one from its checkpoint into its own run, and says so (a finished comparison run again
-    starts a new one: tests/test_compare.py). 24 steps: on a loaded machine the loss reaches the store in batches at
-    checkpoints, and with 8 the run had sometimes finished by the time the kill came."""
+COMPARE = ["compare", "--offline", "--max_steps", "24", "--checkpoint_steps", "2", "--logging_steps", "1",
+           "--repeats", "1", "--eval_samples", "0", "--save_model", "false"]
+
+
+def kill_compare(workdir, freeze: bool = False):
+    """Start COMPARE and SIGKILL its process group once With_DeepSpeed has logged step 3; returns that run and the pid
+    of its training process, which lives on in a session of its own (an orphan, stopping itself). freeze: SIGSTOP that
+    process first, so it is still there, its run not yet recorded, however long the next command takes to start."""
     import signal
     import time
 
-    flags = ["compare", "--offline", "--max_steps", "24", "--checkpoint_steps", "2", "--logging_steps", "1",
-             "--repeats", "1", "--eval_samples", "0", "--save_model", "false"]
-    child = subprocess.Popen([sys.executable, "-m", "dsnb", *flags], cwd=workdir, start_new_session=True,
+    import psutil
+
+    child = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client, target = None, None
+    client, target, trainer = None, None, None
     deadline = time.time() + 600
     while child.poll() is None and time.time() < deadline:
         if (workdir / "mlflow.db").exists():
@@ -178,6 +181,10 @@ def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did
             runs = client.search_runs([exp.experiment_id]) if exp else []
             target = next((r for r in runs if r.info.run_name == "With_DeepSpeed"), None)
             if target and any(m.step >= 3 for m in client.get_metric_history(target.info.run_id, "loss")):
+                trainer = next(p for p in psutil.Process(child.pid).children(recursive=True)
+                               if "dsnb.child" in p.cmdline())
+                if freeze:
+                    trainer.suspend()
                 os.killpg(child.pid, signal.SIGKILL)
                 break
         time.sleep(0.2)
@@ -185,17 +192,49 @@ def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did
     assert target is not None and child.returncode == -9
     killed = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db").get_run(target.info.run_id)
     assert killed.info.status != "FINISHED", "the kill came after the run finished: nothing was left to resume"
-    again = dsnb(*flags, cwd=workdir)
+    return target, trainer
+
+
+def assert_resumed_whole(workdir, again, target):
+    """The comparison run again kept the finished variant and resumed the other into its own run, which reads as one
+    never stopped: FINISHED, every step's loss once, no failure recorded on it."""
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Without_DeepSpeed (repeat 1): kept its FINISHED run" in again.stdout
-    # killed (marked by the rerun: its launcher is gone) or interrupted (its process saw the launcher go and stopped)
-    assert re.search(f"With_DeepSpeed \\(repeat 1\\): resumes its run {target.info.run_id} \\((killed|interrupted)\\) "
+    # interrupted: its process saw the launcher go, stopped and recorded it (the rerun waits for that)
+    assert re.search(f"With_DeepSpeed \\(repeat 1\\): resumes its run {target.info.run_id} \\(interrupted\\) "
                      "from checkpoint-", again.stdout), again.stdout
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
     assert sorted((r.info.run_name, r.info.status) for r in runs) == [("With_DeepSpeed", "FINISHED"),
                                                                       ("Without_DeepSpeed", "FINISHED")]
+    resumed = client.get_run(target.info.run_id)
+    assert not {"failure", "error"} & set(resumed.data.tags), resumed.data.tags
     assert loss_curve(client, target.info.run_id)[0] == list(range(1, 25))
+
+
+def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did_not(workdir):
+    """The whole comparison killed mid-way (a Colab runtime that ends): running it again keeps the finished variant,
+    resumes the interrupted one from its checkpoint into its own run, and says so (a finished comparison run again
+    starts a new one: tests/test_compare.py). 24 steps: on a loaded machine the loss reaches the store in batches at
+    checkpoints, and with 8 the run had sometimes finished by the time the kill came."""
+    target, _ = kill_compare(workdir)
+    assert_resumed_whole(workdir, dsnb(*COMPARE, cwd=workdir), target)
+
+
+def test_a_rerun_waits_for_the_training_process_a_killed_dsnb_left(workdir):
+    """A kernel killed while a variant trains (Jupyter's restart, a terminal closed) leaves that variant's training
+    process running alone until it notices and stops, recording its run. Run again before it has, the comparison
+    waits for it: started at once, it would train beside it on the GPU (memory measured for two) and resume the run
+    the orphan then records over (CI saw the store locked by it). The orphan is frozen here, so the rerun starts
+    before it can stop; it is let go 5 s later."""
+    import threading
+
+    target, orphan = kill_compare(workdir, freeze=True)
+    threading.Timer(5, orphan.resume).start()
+    again = dsnb(*COMPARE, cwd=workdir)
+    assert f"waiting for 1 training process(es) of a dsnb that was stopped (pid {orphan.pid})" in again.stderr
+    assert not orphan.is_running() or orphan.status() == "zombie"
+    assert_resumed_whole(workdir, again, target)
 
 
 def test_checkpoints_come_by_the_clock_and_leave_the_throughput_alone(tmp_path):
