@@ -472,6 +472,21 @@ def staging_path(dest: str) -> str:
     return os.path.join(folder, f".{name}.dsnb-{uuid.uuid4().hex[:12]}")
 
 
+@contextlib.contextmanager
+def staged(dest: str):
+    """A path of dsnb's own beside dest (staging_path) for the block to write dest into, file or folder; renamed into
+    place when the block ends, and gone whatever happens (a failure leaves nothing half-written behind)."""
+    part = staging_path(dest)
+    try:
+        yield part
+        os.replace(part, dest)
+    finally:
+        if os.path.isdir(part):
+            shutil.rmtree(part, ignore_errors=True)
+        elif os.path.lexists(part):
+            os.remove(part)
+
+
 def newest_write(path: str) -> float:
     """The newest modification time of a file, or of a folder and everything in it."""
     times = [os.path.getmtime(path)]

@@ -21,7 +21,7 @@ from .data import CLOSED_BOOK, prompt_parts
 from .estimate import PROCESS_BASE_MB, total_params
 from .evaluate import probe_logit_norm, stop_tokens
 from .model import TORCH_DTYPES, load_base, model_config, resolve_model
-from .preflight import check_output_folder, pick_device, staging_path
+from .preflight import check_output_folder, pick_device, staged
 from .tracking import RunResult, existing_store, mlflow_client
 
 
@@ -34,11 +34,10 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
     client = mlflow_client(existing_store(result.tracking_uri))
     run = client.get_run(result.run_id)
     cfg = run_config(run)
-    part = staging_path(dest)
     try:
-        os.makedirs(os.path.dirname(part), exist_ok=True)
-        os.mkdir(part)
-        with tempfile.TemporaryDirectory() as tmp:
+        os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+        with staged(dest) as part, tempfile.TemporaryDirectory() as tmp:
+            os.mkdir(part)
             try:
                 model_dir = client.download_artifacts(result.run_id, "model", tmp)
             except Exception as e:  # a run without save_model, or one that failed before saving
@@ -49,22 +48,20 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
             merge_facts = merged(cfg, model_dir, part, probe) if merge and lora else {}
             if not merge_facts:
                 shutil.copytree(model_dir, part, dirs_exist_ok=True, ignore=shutil.ignore_patterns("training_args.bin"))
-        kind = "merged" if merge_facts else "adapter" if lora else "full"
-        extra = {"merged": f"into the base's {merge_facts['merged_in']} weights; the merged model's probe logits "
-                           f"differ from the run's by {merge_facts['probe_relative_difference']:.2e} (relative)"
-                 } if merge_facts else None
-        write_card(part, cfg, dict(run.data.metrics), result.run_id, kind, extra, run.data.params.get("scoring_mode"))
-        with open(os.path.join(part, "dsnb_run.json"), "w") as f:
-            json.dump({"run_id": result.run_id, "merged": bool(merge_facts), **merge_facts,
-                       **({"local_base": describe_base(cfg)} if local_base(cfg) else {}),
-                       "config": portable_config(cfg)}, f, indent=2)
-        if os.path.isdir(dest):
-            os.rmdir(dest)  # an empty folder the user made for it
-        os.replace(part, dest)
+            kind = "merged" if merge_facts else "adapter" if lora else "full"
+            extra = {"merged": f"into the base's {merge_facts['merged_in']} weights; the merged model's probe logits "
+                               f"differ from the run's by {merge_facts['probe_relative_difference']:.2e} (relative)"
+                     } if merge_facts else None
+            write_card(part, cfg, dict(run.data.metrics), result.run_id, kind, extra,
+                       run.data.params.get("scoring_mode"))
+            with open(os.path.join(part, "dsnb_run.json"), "w") as f:
+                json.dump({"run_id": result.run_id, "merged": bool(merge_facts), **merge_facts,
+                           **({"local_base": describe_base(cfg)} if local_base(cfg) else {}),
+                           "config": portable_config(cfg)}, f, indent=2)
+            if os.path.isdir(dest):
+                os.rmdir(dest)  # an empty folder the user made for it
     except OSError as e:
         raise ConfigError(f"could not write {dest} ({describe(e)}); free space there or give another folder") from None
-    finally:
-        shutil.rmtree(part, ignore_errors=True)
     return dest
 
 

@@ -24,7 +24,7 @@ import zipfile
 from importlib import metadata
 
 from .config import PLACES, ConfigError, RunConfig, describe, redact, sqlite_path
-from .preflight import (check_complete, check_output_file, check_scheme, check_sqlite_uri, staging_path,
+from .preflight import (check_complete, check_output_file, check_scheme, check_sqlite_uri, staged,
                         wait_for_orphans)
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
@@ -410,9 +410,8 @@ def export_store(tracking_uri: str, dest: str) -> str:
     if os.path.realpath(dest).startswith(os.path.realpath(artifacts) + os.sep):  # also through a symlink
         raise ConfigError(f"the zip {dest} would sit inside the store's own artifacts ({artifacts}) and so hold "
                           "itself; write it elsewhere")
-    part = staging_path(dest)
     try:
-        with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dest))) as tmp:
+        with staged(dest) as part, tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dest))) as tmp:
             copy = os.path.join(tmp, "mlflow.db")
             with contextlib.closing(sqlite3.connect(db)) as src, contextlib.closing(sqlite3.connect(copy)) as out:
                 src.backup(out)
@@ -428,12 +427,8 @@ def export_store(tracking_uri: str, dest: str) -> str:
                     for name in files:
                         path = os.path.join(folder, name)
                         zf.write(path, os.path.relpath(path, root))
-        os.replace(part, dest)
     except (sqlite3.DatabaseError, OSError) as e:
         raise export_error(e, db, dest) from None
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
     return dest
 
 
@@ -463,13 +458,8 @@ def download_store(tracking_uri: str, drive_folder: str = "") -> str:
     if drive_folder:
         os.makedirs(drive_folder, exist_ok=True)
         copy = os.path.join(drive_folder, os.path.basename(dest))
-        part = staging_path(copy)
-        try:
+        with staged(copy) as part:
             shutil.copy(dest, part)
-            os.replace(part, copy)
-        finally:
-            if os.path.exists(part):
-                os.remove(part)
     if "COLAB_RELEASE_TAG" in os.environ:
         try:
             from google.colab import files
@@ -483,7 +473,6 @@ def open_store(tracking_uri: str) -> str:
     """A store to read: a zip from download_store (uploaded to a new runtime, say) is unzipped beside itself once
     (into a folder of its name, which must be new, empty or that store) and its SQLite file used; any other URI is
     returned as it is."""
-    import shutil
 
     if not tracking_uri.endswith(".zip"):
         return tracking_uri
@@ -494,19 +483,15 @@ def open_store(tracking_uri: str) -> str:
         if os.path.exists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
             raise ConfigError(f"{folder} exists and holds no mlflow.db, so {tracking_uri} cannot be unzipped there; "
                               "move it away, or unzip the store elsewhere and give its mlflow.db (sqlite:///...)")
-        part = staging_path(folder)
         try:
-            with zipfile.ZipFile(tracking_uri) as zf:
+            with staged(folder) as part, zipfile.ZipFile(tracking_uri) as zf:
                 if "mlflow.db" not in zf.namelist():
                     raise ConfigError(f"{tracking_uri} holds no mlflow.db; give a zip that dsnb export or "
                                       "download_store made")
                 zf.extractall(part)
-            os.replace(part, folder)
         except zipfile.BadZipFile as e:
             raise ConfigError(f"{tracking_uri} is not a readable zip ({describe(e)}); upload it again (an upload cut "
                               "short looks like this)") from None
-        finally:
-            shutil.rmtree(part, ignore_errors=True)
     return f"sqlite:///{os.path.abspath(folder)}/mlflow.db"
 
 
