@@ -58,7 +58,8 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
         command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
         try:  # this process beats too, from the run's first second: a run lost while its child loads is seen
             with tracking.heartbeat(run_id, cfg.tracking_uri):
-                returncode = _watch(command, child_env(cfg.num_gpus * beside, {**os.environ, **(env or {})}),
+                returncode = _watch(command, child_env(cfg.num_gpus * beside, {**os.environ, **(env or {}),
+                                                                     preflight.PARENT_ENV: str(os.getpid())}),
                                     log_file, progress_file, bar)
         except BaseException:
             _close(run_id, cfg, log_file, "KILLED")
@@ -260,9 +261,7 @@ def child_main(path: str) -> int:
         metrics = train(cfg, child["run_id"], child.get("checkpoint"), reporter=ToParent())
     except KeyboardInterrupt:
         print("dsnb: interrupted; the run is recorded KILLED with what it measured so far", file=sys.stderr)
-        import psutil
-
-        if os.environ.get("RANK", "0") == "0" and not psutil.pid_exists(child["parent_pid"]):
+        if os.environ.get("RANK", "0") == "0" and not preflight.alive(child["parent_pid"]):
             # Orphaned: the parent that attaches the log and removes the folder is gone, so do its part here.
             folder = os.path.dirname(os.path.abspath(path))
             _close(child["run_id"], cfg, os.path.join(folder, "train.log"), "KILLED")

@@ -144,36 +144,39 @@ def check_disk(cfg: RunConfig) -> None:
 
 
 ORPHAN_WAIT_S = 90  # an orphan stops itself within seconds (launch.watch_parent); one stuck this long is killed
+PARENT_ENV = "DSNB_PARENT_PID"  # in a training process's environment: the pid of the dsnb that started it (ENVIRONMENT)
 
 
-def alive(pid: int) -> bool:
-    """Whether process pid runs: a process killed but not yet reaped by its parent is a zombie, gone all the same."""
+def alive(process) -> bool:
+    """Whether a process (a pid, or a psutil.Process: then never another that took its pid) runs; one killed but not
+    yet reaped by its parent is a zombie, gone all the same."""
     import psutil
 
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        process = process if isinstance(process, psutil.Process) else psutil.Process(process)
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess too
         return False
 
 
 def orphans() -> list:
-    """This host's dsnb training processes (python -m dsnb.child, torchrun's over them) whose dsnb is gone (killed with
-    its kernel or terminal): each is stopping itself (launch.watch_parent), recording its run KILLED and freeing its
-    GPU memory. Until it has, a run started here would share the GPU with it, and a run resumed from its record would
-    race it for the record and the checkpoints."""
+    """This user's dsnb training processes on this host (python -m dsnb.child, torchrun's over them) whose dsnb is gone
+    (killed with its kernel or terminal): each is stopping itself (launch.watch_parent), recording its run KILLED and
+    freeing its GPU memory. Until it has, a run started here would share the GPU with it, and a run resumed from its
+    record would race it for the record and the checkpoints. Another user's processes are theirs to judge."""
     import psutil
 
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        command = process.info["cmdline"] or []
-        if "dsnb.child" not in command or process.pid == os.getpid():
+    for process in psutil.process_iter(["cmdline", "uids"]):
+        command, uids = process.info["cmdline"] or [], process.info["uids"]
+        if process.pid == os.getpid() or uids is None or uids.real != os.getuid() or \
+                ("-m", "dsnb.child") not in zip(command, command[1:], strict=False):
             continue
         try:
-            with open(command[command.index("dsnb.child") + 1]) as f:
-                parent = json.load(f)["parent_pid"]
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
-            parent = None  # its description is gone: its dsnb ended, or the orphan removed it while ending
-        if parent is None or not alive(parent):
+            parent = int(process.environ().get(PARENT_ENV, "0"))
+        except (psutil.Error, ValueError):
+            continue
+        if parent and not alive(parent):
             found.append(process)
     return found
 
@@ -186,12 +189,23 @@ def wait_for_orphans(timeout: float = ORPHAN_WAIT_S) -> list[int]:
     if waiting:
         print(f"dsnb: waiting for {len(waiting)} training process(es) of a dsnb that was stopped (pid "
               f"{', '.join(str(p.pid) for p in waiting)}) to record their run and end", file=sys.stderr, flush=True)
-        _, left = psutil.wait_procs(waiting, timeout=timeout)
-        for process in left:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        psutil.wait_procs(left, timeout=10)
+        if not gone(waiting, timeout):
+            for process in waiting:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()  # never another process that took its pid: psutil checks
+            gone(waiting, 10)
     return [p.pid for p in waiting]
+
+
+def gone(processes: list, seconds: float) -> bool:
+    """Whether every one of processes has ended within seconds (psutil.wait_procs would wait out a zombie that is
+    not this process's child)."""
+    deadline = time.time() + seconds
+    while any(alive(p) for p in processes):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def check_store(uri: str) -> None:
@@ -295,13 +309,10 @@ def check_complete(db: str) -> None:
             runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
             version = con.execute("SELECT version_num FROM alembic_version").fetchone() \
                 if "alembic_version" in tables else None
-    except sqlite3.OperationalError as e:
-        if "locked" in str(e) or "busy" in str(e):  # MLflow's own wait is 20 s too
+    except sqlite3.DatabaseError as e:
+        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):  # MLflow's own wait is 20 s too
             raise ConfigError(f"{db} is locked by another program (one holding a transaction open for 20 s or more: a "
                               "database browser, a stuck process); close it and run again") from None
-        raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); give another tracking_uri, or move it "
-                          "away (a run then creates a new store there)") from None
-    except sqlite3.DatabaseError as e:
         raise ConfigError(f"{db} is not a readable MLflow store ({describe(e)}); give another tracking_uri, or move it "
                           "away (a run then creates a new store there)") from None
     if tables and not tables & {"alembic_version", "experiments", "runs"}:

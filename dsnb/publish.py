@@ -36,18 +36,20 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
     cfg = run_config(run)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-        with staged(dest) as part, tempfile.TemporaryDirectory() as tmp:
+        with staged(dest) as part:
             os.mkdir(part)
-            try:
-                model_dir = client.download_artifacts(result.run_id, "model", tmp)
-            except Exception as e:  # a run without save_model, or one that failed before saving
-                raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); train with save_model "
-                                  "true") from None
-            lora = os.path.isfile(os.path.join(model_dir, "adapter_config.json"))
-            probe = run.data.metrics.get("probe_logit_norm")
-            merge_facts = merged(cfg, model_dir, part, probe) if merge and lora else {}
-            if not merge_facts:
-                shutil.copytree(model_dir, part, dirs_exist_ok=True, ignore=shutil.ignore_patterns("training_args.bin"))
+            with tempfile.TemporaryDirectory() as tmp:
+                try:
+                    model_dir = client.download_artifacts(result.run_id, "model", tmp)
+                except Exception as e:  # a run without save_model, or one that failed before saving
+                    raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); train with "
+                                      "save_model true") from None
+                lora = os.path.isfile(os.path.join(model_dir, "adapter_config.json"))
+                probe = run.data.metrics.get("probe_logit_norm")
+                merge_facts = merged(cfg, model_dir, part, probe) if merge and lora else {}
+                if not merge_facts:
+                    shutil.copytree(model_dir, part, dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns("training_args.bin"))
             kind = "merged" if merge_facts else "adapter" if lora else "full"
             extra = {"merged": f"into the base's {merge_facts['merged_in']} weights; the merged model's probe logits "
                                f"differ from the run's by {merge_facts['probe_relative_difference']:.2e} (relative)"

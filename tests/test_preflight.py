@@ -197,3 +197,67 @@ def test_staged_copies_left_by_a_killed_save_are_cleared_and_live_ones_kept(tmp_
     new = staging_path(str(tmp_path / "adapter-1"))
     assert not stale.exists() and live.exists() and (tmp_path / ".adapter-1.partial").exists()
     assert os.path.basename(new).startswith(".adapter-1.dsnb-") and not os.path.exists(new)
+
+
+
+def fake_trainer(parent_pid: int, seconds: float = 60, arg: str = "-m") -> subprocess.Popen:
+    """A process that looks as a dsnb training process does to orphans() (python ... -m dsnb.child FILE, the pid of
+    the dsnb that started it in its environment), sleeping; arg "" leaves out the -m (a grep for the word)."""
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", *[a for a in [arg] if a],
+                             "dsnb.child", "child.json"], env={**os.environ, "DSNB_PARENT_PID": str(parent_pid)})
+
+
+def a_pid_that_is_gone() -> int:
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    return ended.pid
+
+
+def test_only_this_users_training_processes_whose_dsnb_is_gone_are_waited_for():
+    """orphans(): a training process whose dsnb is gone is one; one whose dsnb runs (this process: run_all's children
+    side by side, torchrun's ranks) is not, nor a command that only names dsnb.child, nor another user's process."""
+    from dsnb.preflight import orphans
+
+    started = [fake_trainer(os.getpid()), fake_trainer(a_pid_that_is_gone(), arg="")]
+    if os.getuid() == 0:  # root can start a process as another user (a shell: this Python may be root's alone)
+        started.append(subprocess.Popen(["sh", "-c", "sleep 60; true", "-m", "dsnb.child", "child.json"], user=65534,
+                                        env={"DSNB_PARENT_PID": str(a_pid_that_is_gone())}, start_new_session=True))
+    orphan = fake_trainer(a_pid_that_is_gone())
+    try:
+        time.sleep(0.5)
+        assert [p.pid for p in orphans() if p.pid in {q.pid for q in started + [orphan]}] == [orphan.pid]
+    finally:
+        for process in started + [orphan]:
+            os.killpg(process.pid, 9) if process.args[0] == "sh" else process.kill()
+            process.wait()
+
+
+def test_an_orphan_that_ended_as_a_zombie_is_gone():
+    """The wait for an orphan ends once it has ended, even where its own parent never reaps it: a zombie that is not
+    this process's child, which psutil.wait_procs would wait out. (wait_for_orphans itself is not called here: it
+    would wait for, and at its limit kill, other tests' orphans too.)"""
+    import sys
+
+    import psutil
+
+    from dsnb.preflight import gone, orphans
+
+    keeper = subprocess.Popen([sys.executable, "-c", f"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)", "-m", "dsnb.child", "child.json"],
+                         env={{**os.environ, "DSNB_PARENT_PID": "{a_pid_that_is_gone()}"}})
+print(child.pid, flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        ending = int(keeper.stdout.readline())
+        time.sleep(0.5)
+        orphan = next(p for p in orphans() if p.pid == ending)
+        started = time.time()
+        assert gone([orphan], 30) and time.time() - started < 10
+        assert psutil.Process(ending).status() == psutil.STATUS_ZOMBIE
+    finally:
+        keeper.kill()
+        keeper.wait()

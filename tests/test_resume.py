@@ -162,13 +162,20 @@ COMPARE = ["compare", "--offline", "--max_steps", "24", "--checkpoint_steps", "2
 
 
 def kill_compare(workdir, freeze: bool = False):
-    """Start COMPARE and SIGKILL its process group once With_DeepSpeed has logged step 3; returns that run and the pid
-    of its training process, which lives on in a session of its own (an orphan, stopping itself). freeze: SIGSTOP that
-    process first, so it is still there, its run not yet recorded, however long the next command takes to start."""
+    """Start COMPARE and SIGKILL its process group once With_DeepSpeed has logged step 3; returns that run and its
+    training process (a psutil.Process), which lives on in a session of its own (an orphan, stopping itself). freeze:
+    SIGSTOP that process first, so it is still there, its run not yet recorded, however long the next command takes to
+    start."""
     import signal
     import time
 
     import psutil
+
+    def runs_child(process) -> bool:
+        try:
+            return "dsnb.child" in process.cmdline()
+        except psutil.Error:  # a short-lived helper process that has ended
+            return False
 
     child = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -181,8 +188,7 @@ def kill_compare(workdir, freeze: bool = False):
             runs = client.search_runs([exp.experiment_id]) if exp else []
             target = next((r for r in runs if r.info.run_name == "With_DeepSpeed"), None)
             if target and any(m.step >= 3 for m in client.get_metric_history(target.info.run_id, "loss")):
-                trainer = next(p for p in psutil.Process(child.pid).children(recursive=True)
-                               if "dsnb.child" in p.cmdline())
+                trainer = next(p for p in psutil.Process(child.pid).children(recursive=True) if runs_child(p))
                 if freeze:
                     trainer.suspend()
                 os.killpg(child.pid, signal.SIGKILL)
@@ -226,13 +232,21 @@ def test_a_rerun_waits_for_the_training_process_a_killed_dsnb_left(workdir):
     process running alone until it notices and stops, recording its run. Run again before it has, the comparison
     waits for it: started at once, it would train beside it on the GPU (memory measured for two) and resume the run
     the orphan then records over (CI saw the store locked by it). The orphan is frozen here, so the rerun starts
-    before it can stop; it is let go 5 s later."""
-    import threading
+    before it can stop; it is let go once the rerun says it waits."""
+    import time
 
     target, orphan = kill_compare(workdir, freeze=True)
-    threading.Timer(5, orphan.resume).start()
-    again = dsnb(*COMPARE, cwd=workdir)
-    assert f"waiting for 1 training process(es) of a dsnb that was stopped (pid {orphan.pid})" in again.stderr
+    with open(workdir / "out.txt", "w") as out, open(workdir / "err.txt", "w") as err:
+        rerun = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, stdout=out, stderr=err)
+    deadline = time.time() + 300
+    while "waiting for" not in (workdir / "err.txt").read_text() and rerun.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    orphan.resume()  # once the rerun waits for it: it stops itself now, recording its run
+    rerun.wait(timeout=600)
+    again = subprocess.CompletedProcess(rerun.args, rerun.returncode, (workdir / "out.txt").read_text(),
+                                        (workdir / "err.txt").read_text())
+    assert re.search(rf"waiting for \d+ training process\(es\) of a dsnb that was stopped \(pid [^)]*\b{orphan.pid}\b",
+                     again.stderr), again.stderr[-3000:]
     assert not orphan.is_running() or orphan.status() == "zombie"
     assert_resumed_whole(workdir, again, target)
 
