@@ -50,6 +50,8 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
     with tempfile.TemporaryDirectory(prefix="dsnb-") as tmp:
         log_file, progress_file = os.path.join(tmp, "train.log"), os.path.join(tmp, "progress")
         child_file = os.path.join(tmp, "child.json")
+        if resume:
+            _log_so_far(run_id, cfg.tracking_uri, tmp)
         with open(child_file, "w") as f:
             json.dump({"config": cfg.to_dict(), "run_id": run_id, "progress": progress_file,
                        "parent_pid": os.getpid(), "checkpoint": resume[1] if resume else None}, f)
@@ -88,7 +90,7 @@ def child_env(processes: int, env: dict, cpus: int | None = None) -> dict:
 
 def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar) -> int:
     """Start the child, follow its progress file into the bar until it exits; stop it on an interrupt."""
-    with open(log_file, "w") as log:
+    with open(log_file, "a") as log:  # after what a resumed run's log holds (_log_so_far)
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     with _LOCK:
         _ACTIVE.add(child)
@@ -154,15 +156,26 @@ def stop_all() -> None:
 def _close(run_id: str, cfg: RunConfig, log_file: str, status: str | None) -> str:
     """Attach the log and end the run `status` if its process could not; returns the status the store holds."""
     client = tracking.mlflow_client(cfg.tracking_uri)
-    if os.path.exists(log_file):  # the child's output: a traceback may quote a URI with its credentials
-        with open(log_file, errors="replace") as f:
-            text = f.read()
-        with open(log_file, "w") as f:
-            f.write(redact(text))
-        client.log_artifact(run_id, log_file)
+    attach_log(client, run_id, log_file)
     if status:
         tracking.finish(run_id, cfg.tracking_uri, status)
     return client.get_run(run_id).info.status
+
+
+def attach_log(client, run_id: str, log_file: str) -> None:
+    """The child's output as the run's train.log, credentials masked (a traceback may quote a URI with them)."""
+    if os.path.exists(log_file):
+        with open(log_file, errors="replace") as f:
+            client.log_text(run_id, redact(f.read()), "train.log")
+
+
+def _log_so_far(run_id: str, tracking_uri: str, folder: str) -> None:
+    """Put the train.log of a run being resumed (the output of the processes that trained it so far) in folder, for
+    the resumed child's output to follow: the run keeps one log of every step, as an uninterrupted run does, rather
+    than the resumed part's alone over it."""
+    client = tracking.mlflow_client(tracking_uri)
+    if any(a.path == "train.log" for a in client.list_artifacts(run_id)):  # none where no process could attach it
+        client.download_artifacts(run_id, "train.log", folder)
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -248,6 +261,12 @@ def child_main(path: str) -> int:
 
         def step(self, step: int, total: int, loss: float | None) -> None:
             self.write({"step": step, "total": total, "loss": loss})
+
+        def finishing(self, run_id: str) -> None:
+            # The log so far, before the run reads FINISHED: the parent attaches it whole once this process ends, but
+            # a parent killed before then (its kernel, the runtime) would leave a finished run without its log.
+            attach_log(tracking.mlflow_client(cfg.tracking_uri), run_id,
+                       os.path.join(os.path.dirname(os.path.abspath(path)), "train.log"))
 
         def say(self, text: str) -> None:
             super().say(text)

@@ -24,7 +24,7 @@ import zipfile
 from importlib import metadata
 
 from .config import PLACES, ConfigError, RunConfig, describe, redact, sqlite_path
-from .preflight import (check_complete, check_output_file, check_scheme, check_sqlite_uri, staged,
+from .preflight import (alive, check_complete, check_output_file, check_scheme, check_sqlite_uri, staged,
                         wait_for_orphans)
 
 ARTIFACT_DIR = "mlartifacts"  # beside the SQLite file, so the store is one folder to zip
@@ -242,16 +242,15 @@ def mark_stale_runs(client) -> list[str]:
     """Mark KILLED the RUNNING runs whose process is gone: on this host, its pid has ended; anywhere (a Colab runtime
     that ended, its store on Drive), its heartbeat stopped more than STALE_S ago. A run is tagged alive when it opens
     and beats from then on (launch.run_variant's process beats while its child loads and trains), so a run lost before
-    its training process first beat is found too; a run of an older dsnb without the tag counts from its start."""
-    import psutil
-
+    its training process first beat is found too; a run of an older dsnb without the tag counts from its start. A
+    process killed but not yet waited for by its own parent (a zombie) has ended (preflight.alive)."""
     wait_for_orphans()  # a run whose dsnb is gone but whose training process is still ending is judged once it has
     stale = []
     host = socket.gethostname()
     experiments = [e.experiment_id for e in client.search_experiments()]
     for run in search(client, experiments, "attributes.status = 'RUNNING'") if experiments else []:
         tags = run.data.tags
-        gone = tags.get("dsnb.host") == host and tags.get("dsnb.pid") and not psutil.pid_exists(int(tags["dsnb.pid"]))
+        gone = tags.get("dsnb.host") == host and tags.get("dsnb.pid") and not alive(int(tags["dsnb.pid"]))
         silent = time.time() - float(tags.get("dsnb.alive", run.info.start_time / 1000)) > STALE_S
         if gone or silent:
             why = f"process {tags.get('dsnb.pid')} ended" if gone else \

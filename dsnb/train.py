@@ -50,6 +50,9 @@ class Reporter:
     def say(self, text: str) -> None:
         print(f"dsnb: {text}", flush=True)
 
+    def finishing(self, run_id: str) -> None:
+        """The run has recorded all it measured and saved, and is about to be ended FINISHED."""
+
 
 class Silent(Reporter):
     """For the ranks other than 0: rank 0 speaks for the run."""
@@ -397,6 +400,8 @@ def train(cfg: RunConfig, run_id: str | None = None, checkpoint: str | None = No
             if log:
                 record_end(session, metrics, params)
             save(session, metrics)
+            if run is not None:
+                reporter.finishing(run.info.run_id)
         except BaseException as e:
             if run is not None:  # what it measured so far: peaks, and the throughput of the steps it finished
                 so_far = session.timer.throughput(gather=False) if session else {}

@@ -216,6 +216,15 @@ def assert_resumed_whole(workdir, again, target):
     resumed = client.get_run(target.info.run_id)
     assert not {"failure", "error"} & set(resumed.data.tags), resumed.data.tags
     assert loss_curve(client, target.info.run_id)[0] == list(range(1, 25))
+    # its log is every process's that trained it: the stopped one's steps and stop, then the resumed one's (the
+    # resumed part's alone had replaced it)
+    log = read_log(client, target.info.run_id)
+    assert "dsnb: interrupted" in log and log.count("{'loss'") >= 24, log[-3000:]
+
+
+def read_log(client, run_id: str) -> str:
+    with open(client.download_artifacts(run_id, "train.log")) as f:
+        return f.read()
 
 
 def test_compare_run_again_after_a_kill_keeps_what_finished_and_resumes_what_did_not(workdir):
@@ -249,6 +258,35 @@ def test_a_rerun_waits_for_the_training_process_a_killed_dsnb_left(workdir):
                      again.stderr), again.stderr[-3000:]
     assert not orphan.is_running() or orphan.status() == "zombie"
     assert_resumed_whole(workdir, again, target)
+
+
+def test_a_finished_run_keeps_its_log_when_its_dsnb_is_killed_as_the_run_ends(workdir):
+    """A variant's training process records its run FINISHED and exits; the dsnb that started it then attaches the
+    output as train.log. Killed in between (its kernel or runtime gone as the variant ends), it left the run FINISHED
+    without a log, and every rerun kept it so. Here dsnb is frozen (SIGSTOP) until its first variant's process has
+    ended, then killed."""
+    import signal
+    import time
+
+    import psutil
+
+    from dsnb.preflight import alive
+
+    parent = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, trainer = time.time() + 600, None
+    while trainer is None and parent.poll() is None and time.time() < deadline:
+        trainer = next((p for p in psutil.Process(parent.pid).children() if "dsnb.child" in p.cmdline()), None)
+        time.sleep(0.1)
+    os.kill(parent.pid, signal.SIGSTOP)
+    while alive(trainer.pid) and time.time() < deadline:  # ended: a zombie its frozen parent does not reap
+        time.sleep(0.2)
+    os.killpg(parent.pid, signal.SIGKILL)
+    parent.wait()
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert (run.info.run_name, run.info.status) == ("Without_DeepSpeed", "FINISHED")
+    assert read_log(client, run.info.run_id).count("{'loss'") == 24  # every step's line
 
 
 def test_checkpoints_come_by_the_clock_and_leave_the_throughput_alone(tmp_path):

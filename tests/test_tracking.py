@@ -148,6 +148,27 @@ def test_a_run_left_running_by_a_killed_process_is_marked_on_next_start(workdir)
     assert client.get_run(mine).info.status == "RUNNING"  # this process is alive: its run is left alone
 
 
+def test_a_run_of_a_killed_process_its_parent_has_not_waited_for_is_marked(workdir):
+    """A dsnb killed but not yet waited for by the program that started it (a zombie: a notebook server, a supervisor
+    slow to reap it) has ended all the same. Counted as running, its run blocked a rerun on this host ("still
+    running ... wait for it to end") until its heartbeat went stale, minutes later."""
+    import psutil
+
+    cfg = RunConfig(**OFFLINE, tracking_uri=f"sqlite:///{workdir}/mlflow.db", run_name="orphan")
+    code = (f"import sys; from dsnb.tracking import create_run; from dsnb.config import RunConfig, OFFLINE; "
+            f"print(create_run(RunConfig(**OFFLINE, tracking_uri={cfg.tracking_uri!r}, run_name='orphan')), "
+            "flush=True); sys.stdin.read()")
+    killed = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    orphan = killed.stdout.readline().strip()
+    killed.kill()
+    while psutil.Process(killed.pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
+    create_run(cfg.replace(run_name="next"))  # killed is still unreaped here
+    run = mlflow.MlflowClient(cfg.tracking_uri).get_run(orphan)
+    assert run.info.status == "KILLED" and f"process {killed.pid} ended" in run.data.tags["error"]
+    killed.wait()
+
+
 def test_a_store_is_created_whole_even_when_stopped_while_creating_it(workdir):
     """SIGTERM while MLflow creates a new store's tables (the first seconds of a first run): the next run on the same
     store works, and the message says that nothing had started."""
