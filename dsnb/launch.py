@@ -276,19 +276,23 @@ def child_main(path: str) -> int:
             with open(child["progress"], "a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    status = None  # what the parent would end the run as, where it could not
     try:
         metrics = train(cfg, child["run_id"], child.get("checkpoint"), reporter=ToParent())
     except KeyboardInterrupt:
         print("dsnb: interrupted; the run is recorded KILLED with what it measured so far", file=sys.stderr)
-        if os.environ.get("RANK", "0") == "0" and not preflight.alive(child["parent_pid"]):
-            # Orphaned: the parent that attaches the log and removes the folder is gone, so do its part here.
-            folder = os.path.dirname(os.path.abspath(path))
-            _close(child["run_id"], cfg, os.path.join(folder, "train.log"), "KILLED")
-            shutil.rmtree(folder, ignore_errors=True)
+        status = "KILLED"
         return 130
     except ConfigError as e:
         print(f"dsnb: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if os.environ.get("RANK", "0") == "0" and not preflight.alive(child["parent_pid"]):
+            # Orphaned however the run ended: the parent that attaches the log, ends an interrupted run and removes
+            # the folder is gone, so do its part here.
+            folder = os.path.dirname(os.path.abspath(path))
+            _close(child["run_id"], cfg, os.path.join(folder, "train.log"), status)
+            shutil.rmtree(folder, ignore_errors=True)
     print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
     return 0
 

@@ -161,7 +161,17 @@ COMPARE = ["compare", "--offline", "--max_steps", "24", "--checkpoint_steps", "2
            "--repeats", "1", "--eval_samples", "0", "--save_model", "false"]
 
 
-def kill_compare(workdir, freeze: bool = False):
+def runs_child(process) -> bool:
+    """Whether process is a variant's training process (python -m dsnb.child)."""
+    import psutil
+
+    try:
+        return "dsnb.child" in process.cmdline()
+    except psutil.Error:  # a short-lived helper process (ldconfig, say) that has ended meanwhile
+        return False
+
+
+def kill_compare(workdir, freeze: bool = False, env: dict | None = None):
     """Start COMPARE and SIGKILL its process group once With_DeepSpeed has logged step 3; returns that run and its
     training process (a psutil.Process), which lives on in a session of its own (an orphan, stopping itself). freeze:
     SIGSTOP that process first, so it is still there, its run not yet recorded, however long the next command takes to
@@ -171,13 +181,7 @@ def kill_compare(workdir, freeze: bool = False):
 
     import psutil
 
-    def runs_child(process) -> bool:
-        try:
-            return "dsnb.child" in process.cmdline()
-        except psutil.Error:  # a short-lived helper process that has ended
-            return False
-
-    child = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True,
+    child = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client, target, trainer = None, None, None
     deadline = time.time() + 600
@@ -244,9 +248,12 @@ def test_a_rerun_waits_for_the_training_process_a_killed_dsnb_left(workdir):
     before it can stop; it is let go once the rerun says it waits."""
     import time
 
-    target, orphan = kill_compare(workdir, freeze=True)
+    (workdir / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(workdir / "tmp")}  # where each variant's launch folder is made
+    target, orphan = kill_compare(workdir, freeze=True, env=env)
     with open(workdir / "out.txt", "w") as out, open(workdir / "err.txt", "w") as err:
-        rerun = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, stdout=out, stderr=err)
+        rerun = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, stdout=out, stderr=err,
+                                 env=env)
     deadline = time.time() + 300
     while "waiting for" not in (workdir / "err.txt").read_text() and rerun.poll() is None and time.time() < deadline:
         time.sleep(0.2)
@@ -258,6 +265,7 @@ def test_a_rerun_waits_for_the_training_process_a_killed_dsnb_left(workdir):
                      again.stderr), again.stderr[-3000:]
     assert not orphan.is_running() or orphan.status() == "zombie"
     assert_resumed_whole(workdir, again, target)
+    assert not list((workdir / "tmp").glob("dsnb-*"))  # the orphan removed its killed dsnb's launch folder
 
 
 def test_a_finished_run_keeps_its_log_when_its_dsnb_is_killed_as_the_run_ends(workdir):
@@ -272,12 +280,14 @@ def test_a_finished_run_keeps_its_log_when_its_dsnb_is_killed_as_the_run_ends(wo
 
     from dsnb.preflight import alive
 
-    parent = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(workdir / "out.txt", "w") as out:
+        parent = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True,
+                                  stdout=out, stderr=subprocess.STDOUT)
     deadline, trainer = time.time() + 600, None
     while trainer is None and parent.poll() is None and time.time() < deadline:
-        trainer = next((p for p in psutil.Process(parent.pid).children() if "dsnb.child" in p.cmdline()), None)
+        trainer = next((p for p in psutil.Process(parent.pid).children() if runs_child(p)), None)
         time.sleep(0.1)
+    assert trainer is not None, (workdir / "out.txt").read_text()[-3000:]
     os.kill(parent.pid, signal.SIGSTOP)
     while alive(trainer.pid) and time.time() < deadline:  # ended: a zombie its frozen parent does not reap
         time.sleep(0.2)
@@ -285,8 +295,9 @@ def test_a_finished_run_keeps_its_log_when_its_dsnb_is_killed_as_the_run_ends(wo
     parent.wait()
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
-    assert (run.info.run_name, run.info.status) == ("Without_DeepSpeed", "FINISHED")
-    assert read_log(client, run.info.run_id).count("{'loss'") == 24  # every step's line
+    assert (run.info.run_name, run.info.status) == ("Without_DeepSpeed", "FINISHED"), run.data.tags
+    log = read_log(client, run.info.run_id)
+    assert log.count("{'loss'") == 24, log[-3000:]  # every step's line
 
 
 def test_checkpoints_come_by_the_clock_and_leave_the_throughput_alone(tmp_path):
