@@ -136,6 +136,37 @@ def keepmask() -> None:
         f.write("\n".join(lines) + "\n" + notes("throughput_keepmask_h200.md"))
 
 
+def fp8() -> None:
+    """fp8_h200.md: fp8 base weights against bf16, a pair of runs a call (bf16 first), each from a cold compile cache;
+    per pair the fp8 run's tokens/s over the bf16 run's and how far apart their loss curves are (every step logged)."""
+    with open(os.path.join(RUNS, "fp8.jsonl")) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    lines = ["# fp8 base weights against bf16 through dsnb's run (one H200)", "",
+             "    PARTS=throughput REPEATS=1 OUT=out bash benchmarks/gpu_runs.sh fp8   # calls 1-3, one after another",
+             "    PARTS=fast OUT=out bash benchmarks/gpu_runs.sh fp8                   # call 4", "",
+             "Listing: h200_runs/fp8.jsonl (MLflow names repeat by call; `call` numbers them). MFU: model FLOPs per "
+             "real token over the dense bf16 datasheet peak (989 TFLOP/s), for fp8 runs too: bf16-equivalent, as fp8's "
+             "own peak is twice that.", "",
+             "| call | run | weights | status | samples/s | real tokens/s | MFU (of bf16's peak) | step ms | "
+             "peak alloc MB | mean loss |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        m = r["metrics"]
+        lines.append(f"| {r['call']} | {r['name']} | {'fp8' if 'fp8' in r['name'] else 'bf16'} | {r['status']} | "
+                     f"{m['samples_per_second']:.1f} | {m['tokens_per_second']:,.0f} | {100 * m['mfu']:.2f}% | "
+                     f"{m['step_time_ms']:.1f} | {m['peak_gpu_allocated_mb']:,.0f} | {m['train_loss']:.4f} |")
+    lines += ["", "| call | pair | fp8 tokens/s / bf16's | steps | loss, largest gap (fp8 / bf16 - 1) | mean gap |",
+              "|---|---|---|---|---|---|"]
+    for call in sorted({r["call"] for r in runs}):
+        bf16, f8 = (next(r for r in runs if r["call"] == call and kind in r["name"]) for kind in ("bf16", "fp8"))
+        a, b = dict(bf16["loss_curve"]), dict(f8["loss_curve"])
+        gaps = [b[s] / a[s] - 1 for s in sorted(set(a) & set(b))]
+        ratio = f8["metrics"]["tokens_per_second"] / bf16["metrics"]["tokens_per_second"]
+        lines.append(f"| {call} | {bf16['name']} / {f8['name']} | {ratio:.3f}x | {len(gaps)} | "
+                     f"{max(gaps, key=abs):+.2%} | {sum(gaps) / len(gaps):+.2%} |")
+    with open(os.path.join(HERE, "fp8_h200.md"), "w") as f:
+        f.write("\n".join(lines) + "\n" + notes("fp8_h200.md"))
+
+
 def capacity(listings: list[str], spec: str, stem: str, command: str) -> None:
     """The capacity file's cells in its order, each with the last run of its name in the listings (a cell
     measured again replaces its earlier run); cells with no run are left out."""
@@ -276,6 +307,7 @@ if __name__ == "__main__":
     curve_gaps("deepcompile.jsonl", [("zero3_dc", "zero3")], "deepcompile_h200")
     levers()
     keepmask()
+    fp8()
     table("t4_passage.jsonl", ["t4_inddrop", "t4_keepmask", "t4_fp16_compiled_keepmask"], "t4_passage_h200",
           "OUT=out bash benchmarks/gpu_runs.sh t4drop   (h200_runs/t4_passage.jsonl; t4_fp16_compiled_keepmask: the "
           "colab stage's t4_fp16_compiled command, a call before)", 10, 30, 1, "t4_inddrop")

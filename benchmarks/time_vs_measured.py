@@ -134,11 +134,21 @@ ROWS += [
      TUTORIAL_T4.replace(strategy="zero2", offload_optimizer="cpu")),
 ]
 # gpu_runs.sh advise (2026-12-03): `dsnb advise --verify 3` for the 3B shape in a 15 GB cap, its top variants run for
-# 10 steps each (dsnb/advise.py measure); the bf16 one is rebuilt here (the fp8 ones are timed as bf16 by assumption:
-# timing.rough_reasons; the third was stopped by the call's limit while it compiled)
+
+
 ROWS.append(("advise_2", "advise.jsonl", None, RunConfig(**B3, quantization="none", dtype="bf16", torch_compile=True,
                                                          memory_budget_gb=15, max_steps=10, untimed_steps=3,
                                                          eval_samples=0, save_model=False)))
+ROWS.append(("advise_1", "advise.jsonl", None, ROWS[-1][3].replace(quantization="fp8")))  # its fp8 twin, 1st ranked
+# gpu_runs.sh fp8 (2026-12-04): PARTS=throughput REPEATS=1 in three calls (the runs' names repeat by call), then
+# PARTS=fast: bf16 then fp8 weights, each a cold compile (fp8_h200.md)
+for weights in ("bf16", "fp8"):
+    ROWS += [(f"throughput_{weights}_cold1", "fp8.jsonl", None, bench(
+                 "throughput_compiled", quantization="none" if weights == "bf16" else "fp8", experiment="dsnb_fp8",
+                 max_steps=20)),
+             (f"fast_eos_{weights}", "fp8.jsonl", None, bench(
+                 "fast_compiled", quantization="none" if weights == "bf16" else "fp8", experiment="dsnb_fp8",
+                 prompt="eos", max_steps=32))]
 for v in ("plain_ga2", "plain_ga2_nographs", "z2_ga2", "z2_ga2_nographs", "z2_fp16", "z2_fp16_nographs",
           "z2_ga2_flat", "z2_ga2_flat_nographs"):  # gpu_runs.sh graphscheck (the _flat pair: a later call, renamed)
     ROWS.append((v, "graphscheck.jsonl", None, bench(
@@ -153,8 +163,6 @@ for source, spec in YAML.items():  # the capacity map's cells (scale_8b_b16: BAT
 T4_SOURCE = "the tutorial's T4 runs"
 NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2026-11-30 (256 samples packed, SDPA), "
                "whose timed steps recompiled (12 and 98 samples/s; nvidia_h200.md): no steady step to compare",
-               ("advise.jsonl", "advise_1"): "fp8 weights, which the time model times as bf16 ones (a probe's figure, "
-               "timing.rough_reasons): its 0.122 s a step against the bf16 twin's 0.118 (advise_verify_h200.md)",
                ("throughput_levers.jsonl", "rows256"): "rows of 256 tokens made row counts warm-up had not compiled, "
                "so its timed steps recompiled (throughput_levers_h200.md): no steady step to compare"}
 # Runs whose step did work that today's code no longer does, with no field to rebuild it: listed, not fitted, not held
@@ -188,14 +196,15 @@ SLOWED = 1.3  # a run this much slower than a replicate was slowed by something 
 # left out unless a replicate in another listing measured the same work (the SLOWED rule then decides).
 SIDE_BY_SIDE = ("capacity.jsonl", "multi_gpu.jsonl")
 PASSAGE_ERA = {"t4pad.jsonl", "notebook01.jsonl", "throughput_cold.jsonl", "throughput_rows.jsonl", "t4_passage.jsonl",
-               "throughput_keepmask.jsonl", "advise.jsonl",
+               "throughput_keepmask.jsonl", "advise.jsonl", "fp8.jsonl",
                "archive/h200_runs/notebook01_cut_at_230s.jsonl"}  # listings trained on the passage prompt
 # (dsnb's default since 2026-12-02), unless a row's config names another
 PASSAGE_ROWS = {("throughput_levers.jsonl", "inddrop")}  # a lever of 2026-12-03 in an older listing
 LENGTHS_CAP = 1000  # a larger set's first 1,000 samples stand for it (the same generator: a prefix of the same lengths)
 CONFIG = functools.cache(model_config)
 PATHS = {  # what each rate's runs have in common: the path it serves
-    "mfu": "compiled, FLOP-bound (the throughput mode)", "compiled_layer": "compiled, CUDA graphs, host-bound",
+    "mfu": "compiled, FLOP-bound (the throughput mode)", "fp8_flops": "fp8 weights, compiled, FLOP-bound",
+    "fp8_layer": "fp8 weights, compiled, small micro-batches", "compiled_layer": "compiled, CUDA graphs, host-bound",
     "ds_step_layer": "compiled ZeRO-1/2, DeepSpeed's own step", "compiled_layer_nographs": "compiled, no CUDA graphs",
     "trainer_layer": "HF Trainer, 16-bit LoRA, few lengths", "trainer_layer_varying": "HF Trainer, 16-bit LoRA, "
     "padded per batch", "trainer_layer_4bit": "HF Trainer, 4-bit LoRA",

@@ -235,7 +235,7 @@ def advise(cfg: RunConfig, gpu: str = "", gpus: int = 0, ram_gb: float = 0.0, ve
     rows = []
     for variant in cfgs:
         rows.append({**predict(variant, m, config, masks, lengths), **describe(variant), "command": command(variant)})
-    # equal times: the one whose time is measured (not rough) first, since fp8's is bf16's by assumption
+    # equal times: the one whose time is measured (not rough) first, since fp8's rests on few runs
     order = sorted(worth_trying(rows), key=lambda i: (FITS.index(rows[i]["fits"]), rows[i]["seconds"],
                                                       bool(rows[i]["rough"])))
     table = pd.DataFrame([{**rows[i], "rank": r + 1} for r, i in enumerate(order)],
@@ -250,7 +250,7 @@ def worth_trying(rows: list[dict]) -> list[int]:
     """The rows no other row of the same training kind (LoRA or full) beats: one that fits as well, in no more time,
     with no more than SAME_MEMORY more GPU memory and host RAM (closer than the estimate can tell them apart). Of
     equals the first is kept: the simpler DeepSpeed setup, the smaller micro-batch. fp8 rows only beat fp8 rows: their
-    time is bf16's, a probe's figure (timing.rough_reasons), so they hide no measured path."""
+    time rests on few runs (timing.rough_reasons), so they hide no path measured more."""
     def beats(j: int, i: int) -> bool:
         a, b = rows[j], rows[i]
         return a["training"] == b["training"] and (a["weights"] == "fp8") == (b["weights"] == "fp8") and \

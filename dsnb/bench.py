@@ -183,7 +183,6 @@ def markdown(result: dict) -> str:
                      f"{num(r['step_time_ms'], '.0f')} | {num(r.get('peak_gpu_allocated_mb'), ',.0f', '-')} | "
                      f"{num(r.get('peak_gpu_nvml_mb'), ',.0f', '-')} | {num(r['final_loss'], '.3f')} | "
                      f"{ratio} | {r['finished']}/{r['repeats']} |")
-    lines += [""] + [f"Not run on this machine: {r['name']}: {r['not_run']}" for r in result["variants"]
-                     if r.get("not_run")]
-    lines += ["", f"MFU: {result['mfu_convention']}.", ""]
+    not_run = [f"Not run on this machine: {r['name']}: {r['not_run']}" for r in result["variants"] if r.get("not_run")]
+    lines += ([""] + not_run if not_run else []) + ["", f"MFU: {result['mfu_convention']}.", ""]
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from importlib import metadata
 
 from .config import PLACES, RunConfig, redact
 from .data import HUB_DATASETS, eval_task
-from .metrics import busy_host
+from .metrics import busy_host, mfu_text
 
 KINDS = {"adapter": "LoRA adapter", "merged": "base model with the LoRA adapter merged in",
          "full": "fully fine-tuned model"}
@@ -80,7 +80,7 @@ def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict, scoring: 
     if "samples_per_second" in m:
         busy = busy_host(m)
         rows.append(("speed", f"{m['samples_per_second']:.3g} samples/s, {m.get('tokens_per_second', 0):,.0f} real "
-                              f"tokens/s (steady state), MFU {100 * m.get('mfu', 0):.1f}%"
+                              f"tokens/s (steady state), {mfu_text(m, cfg.quantization, 1)}"
                      + (f"; timed on a busy machine ({busy}): not this run's speed alone" if busy else "")))
     host = f"host {m.get('peak_cpu_rss_mb', 0) / 1024:.1f} GB"
     rows.append(("memory", f"peak GPU {m['peak_gpu_allocated_mb'] / 1024:.1f} GB allocated "

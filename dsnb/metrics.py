@@ -231,6 +231,15 @@ BUSY_CORES, BUSY_SHARE, BUSY_STEAL = 0.5, 0.1, 0.05  # other processes' cores (a
 # and the hypervisor's share above which a run's speed is called unreliable
 
 
+def mfu_text(m: dict, quantization: str, digits: int = 2) -> str:
+    """MFU as a person reads it: model FLOPs over the GPU's dense bf16 peak (MFU_CONVENTION). Under fp8 weights the
+    frozen matmuls run at fp8's rate, whose peak is twice bf16's, so the same figure is bf16-equivalent: said beside it,
+    as it cannot be set against a bf16 run's MFU target."""
+    text = f"MFU {100 * m.get('mfu', 0):.{digits}f}%"
+    return text + (" of bf16's peak (fp8 weights: bf16-equivalent, fp8's own peak is 2x)" if quantization == "fp8"
+                   else "")
+
+
 def busy_host(m: dict) -> str:
     """In words, how busy the machine was while a run was timed (its host_load metrics), or "" where it was not
     busy: what every speed dsnb shows (the verdict, the model card) carries beside it."""

@@ -14,7 +14,7 @@ import io
 
 from .config import WORK_FIELDS, redact
 from .data import eval_task
-from .metrics import Budget, busy_host, fit, gpu_taken_mb
+from .metrics import Budget, busy_host, fit, gpu_taken_mb, mfu_text
 from .tracking import RunResult, existing_store, mlflow_client, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
@@ -218,7 +218,7 @@ def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
     if "samples_per_second" in m:
         note = " (start-up included: no step was left untimed)" if m.get("throughput_includes_startup") else ""
         lines.append(f"  speed    {m['samples_per_second']:.4g} samples/s, {m.get('tokens_per_second', 0):,.0f} real "
-                     f"tokens/s over {m.get('timed_steps', 0):.0f} timed steps{note}; MFU {100 * m.get('mfu', 0):.2f}%")
+                     f"tokens/s over {m.get('timed_steps', 0):.0f} timed steps{note}; {mfu_text(m, cfg.quantization)}")
     if busy := busy_host(m):
         lines.append(f"  note     {busy} meanwhile: the speed is not this run's alone")
     gpu = (f"GPU {m['peak_gpu_allocated_mb'] / 1024:.2f} GB allocated ({m['peak_gpu_nvml_mb'] / 1024:.2f} GB by NVML), "

@@ -38,6 +38,10 @@ from .metrics import GPU_PEAK_FLOPS, flops_per_token
 RATES = {
     "mfu": 0.504,  # share of the GPU's peak FLOP/s a compiled step's tokens compute at (FLOP-bound; 17 runs)
     "compiled_layer": 0.000589,  # s per layer a compiled micro-batch takes at least, replayed as CUDA graphs (5 runs)
+    "fp8_flops": 0.769,  # an fp8-weights step's FLOP time against bf16's: the frozen matmuls at fp8's rate, the rest
+    #                      (attention, LoRA, norms, the loss) not (the throughput mode, three calls of one shape)
+    "fp8_layer": 0.000326,  # s per layer a micro-batch with fp8 weights adds on the GPU whatever its tokens: each
+    #                         layer's weights transposed for the backward, its activations quantized (2 runs)
     "ds_step_layer": 0.000254,  # s per layer of DeepSpeed's own compiled ZeRO-1/2 step beyond dsnb's flat one (1 run)
     "compiled_layer_nographs": 0.00179,  # the same floor without CUDA graphs (2 runs)
     "trainer_layer": 0.00499,  # s per layer of host and launch work in a micro-batch under the HF Trainer, 16-bit
@@ -130,9 +134,13 @@ def micro_batch_seconds(cfg: RunConfig, config, trainable: int, tokens: float, g
     longer, the host running ahead of the GPU)."""
     layers, host = config.num_hidden_layers, HOST_FACTOR.get(gpu, 1.0)
     flops = tokens * flops_per_token(config, trainable, full=cfg.lora_r == 0)
+    fp8 = cfg.quantization == "fp8"  # its matmuls at fp8's rate, its per-layer casts at the GPU's memory bandwidth
+    fp8_flops, fp8_layer = (rates["fp8_flops"], rates["fp8_layer"] * HBM_GB_S["H200"] / HBM_GB_S.get(gpu, 4800)) \
+        if fp8 else (1.0, 0.0)
     if cfg.torch_compile:
         floor = rates["compiled_layer" if cuda_graphs(cfg) else "compiled_layer_nographs"]
-        return max(layers * floor * host, flops / (GPU_PEAK_FLOPS[gpu] * rates["mfu"]))
+        return max(layers * floor * host,
+                   flops / (GPU_PEAK_FLOPS[gpu] * rates["mfu"]) * fp8_flops + layers * fp8_layer)
     varying = cfg.padding == "longest"  # max_length and bucket: one length or few, each met again within steps
     if cfg.quantization == "8bit":  # bitsandbytes reads its outliers back to the host in every matmul: no overlap
         per_layer = rates["trainer_layer_8bit"] + (rates["eight_bit_varying"] if varying else 0.0)
@@ -142,7 +150,7 @@ def micro_batch_seconds(cfg: RunConfig, config, trainable: int, tokens: float, g
     else:
         per_layer = rates["trainer_layer"] + (rates["trainer_layer_varying"] if varying else 0.0)
         share = rates["mfu"]
-    return layers * per_layer * host + flops / (GPU_PEAK_FLOPS[gpu] * share)
+    return layers * (per_layer * host + fp8_layer) + flops / (GPU_PEAK_FLOPS[gpu] * share) * fp8_flops
 
 
 def optimizer_seconds(cfg: RunConfig, config, trainable: int, world: int, gpu: str, rates: dict) -> float:
@@ -203,10 +211,10 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
     if cfg.torch_compile and cfg.strategy == "baseline" and cfg.lora_r == 0:
         reasons.append("compiled full fine-tuning without DeepSpeed is measured once, by code since changed")
     if cfg.quantization == "fp8":
-        reasons.append("fp8 weights are timed as bf16 ones (the compiled 3B LoRA step: 0.81x bf16's in a probe outside "
-                       "dsnb's run, the throughput mode's shape; 1.03x in dsnb's advise --verify on the H200, rows "
-                       "mostly padding; the uncompiled path unmeasured) and their first compile as "
-                       f"{FP8_COMPILE:g}x bf16's (one run)")
+        reasons.append("fp8 weights' matmul rate rests on one shape (the throughput mode, fp8_h200.md), their cost a "
+                       "micro-batch on two runs" + ("" if cfg.torch_compile else
+                                                    "; uncompiled, fp8 is not measured: timed by the compiled step's")
+                       + f"; their first compile is taken as {FP8_COMPILE:g}x bf16's")
     if world > 2:
         reasons.append("more than two GPUs are not measured")
     elif world > 1 and cfg.strategy == "baseline":

@@ -203,12 +203,12 @@ def test_the_kaggle_preset_is_the_pair_of_t4s():
 
 
 def test_fp8_is_offered_where_the_gpu_has_fp8_and_hides_no_measured_path():
-    """fp8 weights on an H200 or L4 (compute capability 8.9 or more), never on a T4 or an A100; timed as bf16 (a
-    probe's figure, said rough), so an fp8 row never pushes the bf16 one it mirrors out of the table."""
+    """fp8 weights on an H200 or L4 (compute capability 8.9 or more), never on a T4 or an A100; timed from few runs
+    (said rough), so an fp8 row never pushes the bf16 one it mirrors out of the table."""
     cfg = RunConfig(model="synthetic:llama-3.2-1b", dataset="synthetic", num_samples=64)
     for gpu, offered in (("H200", True), ("L4", True), ("A100", False), ("T4", False)):
         table = advise(cfg, gpu=gpu, progress=False)
         fp8 = table[table.weights == "fp8"]
         assert (len(fp8) > 0) == offered, gpu
         if offered:
-            assert (table.weights == "bf16").any() and all("fp8 weights are timed as bf16" in r for r in fp8.rough)
+            assert (table.weights == "bf16").any() and all("fp8 weights' matmul rate rests on" in r for r in fp8.rough)

@@ -226,3 +226,19 @@ def test_deepspeed_zero2_in_bf16_keeps_the_fp8_weights_and_their_scales():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["layers"] == 14 and out["weights"] == ["torch.uint8"] and out["scales_kept"]
     assert all(loss == loss for loss in out["losses"]) and out["losses"][-1] < out["losses"][0]
+
+
+def test_an_fp8_runs_mfu_says_it_is_of_bf16s_peak_where_a_person_reads_it():
+    """MFU is model FLOPs over the GPU's dense bf16 peak; fp8 matmuls peak at twice that, so an fp8 run's MFU is
+    bf16-equivalent and must say so in the run's summary and its model card (a bf16 run's must not)."""
+    from dsnb.card import card
+    from dsnb.report import run_summary
+
+    m = {"samples_per_second": 586.3, "tokens_per_second": 47650.0, "timed_steps": 12, "mfu": 0.6204,
+         "peak_gpu_allocated_mb": 44411.0, "peak_gpu_nvml_mb": 50000.0, "peak_cpu_rss_mb": 7330.0, "train_loss": 11.5}
+    for quantization, dtype in (("fp8", "bf16"), ("none", "bf16")):
+        cfg = RunConfig(model=OFFLINE["model"], quantization=quantization, dtype=dtype)
+        texts = (run_summary(m, cfg, "r1"), card(cfg, m, "r1", "adapter", {}, "squad"))
+        for text in texts:
+            assert ("% of bf16's peak (fp8 weights: bf16-equivalent" in text) == (quantization == "fp8"), text
+            assert "MFU 62.0" in text, text

@@ -62,7 +62,7 @@ MISSES = {
     ("t4pad.jsonl", "pad_longest_b8"): "8-bit, one micro-batch of 8 padded per batch paid 1.9 ms a layer for its own "
                                        "lengths where 2 x 4 paid 5.5 per micro-batch: not per step, nor per new length",
 }
-HELD_OUT = (84, 73, 0.089)  # held-out runs, how many within 25%, the median absolute error (time_vs_measured_h200.md)
+HELD_OUT = (88, 77, 0.087)  # held-out runs, how many within 25%, the median absolute error (time_vs_measured_h200.md)
 
 
 def test_every_committed_gpu_run_is_predicted_held_out_by_path(comparison):
