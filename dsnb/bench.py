@@ -144,7 +144,8 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
     runs: dict[str, list[RunResult]] = {n: [] for n in names}
     for (_, name), result in zip(jobs, results, strict=True):
         runs[name].append(result)
-    rows = [{**summarize(n, runs[n]), **({"not_run": not_here[n]} if n in not_here else {})} for n in names]
+    rows = [{**summarize(n, runs[n]), "quantization": cfgs[n].quantization,
+             **({"not_run": not_here[n]} if n in not_here else {})} for n in names]
     base = next((r for r in rows if r["name"] == "tutorial"), None)
     for row in rows:
         ok = base and base["samples_per_second"] and row["samples_per_second"]
@@ -163,6 +164,9 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
     return result
 
 
+FP8_MARK = "†"  # beside an fp8 variant's MFU
+
+
 def markdown(result: dict) -> str:
     def num(value, fmt, missing=""):
         return missing if value is None else format(value, fmt)
@@ -179,10 +183,14 @@ def markdown(result: dict) -> str:
                   if r.get("samples_per_second_min") is not None else "")
         ratio = "-" if r.get("ratio_to_tutorial") is None else f"{r['ratio_to_tutorial']:.1f}x"
         lines.append(f"| {r['name']} | {num(r['samples_per_second'], '.3g')}{spread} | "
-                     f"{num(r['tokens_per_second'], ',.0f')} | {num(r['mfu'] and 100 * r['mfu'], '.2f')}% | "
+                     f"{num(r['tokens_per_second'], ',.0f')} | {num(r['mfu'] and 100 * r['mfu'], '.2f')}%"
+                     f"{FP8_MARK if r.get('quantization') == 'fp8' else ''} | "
                      f"{num(r['step_time_ms'], '.0f')} | {num(r.get('peak_gpu_allocated_mb'), ',.0f', '-')} | "
                      f"{num(r.get('peak_gpu_nvml_mb'), ',.0f', '-')} | {num(r['final_loss'], '.3f')} | "
                      f"{ratio} | {r['finished']}/{r['repeats']} |")
     not_run = [f"Not run on this machine: {r['name']}: {r['not_run']}" for r in result["variants"] if r.get("not_run")]
     lines += ([""] + not_run if not_run else []) + ["", f"MFU: {result['mfu_convention']}.", ""]
+    if any(r.get("quantization") == "fp8" for r in result["variants"]):
+        lines += [f"{FP8_MARK} fp8 weights: of bf16's peak too, so bf16-equivalent (fp8's own peak is twice bf16's).",
+                  ""]
     return "\n".join(lines)

@@ -105,7 +105,10 @@ def compare_table(runs: list[RunResult]):
             cells.append(_ratio(a, b, min(len(groups[name]), len(groups[names[0]]))) if ratio else "")
         columns[f"{name} / {names[0]}"] = cells
     tasks = eval_tasks(loaded)
-    index = [f"{key} ({tasks})" if key.startswith("eval_exact") or key == "eval_f1" else key for key in METRICS]
+    fp8 = any(r.data.params.get("quantization") == "fp8" for r in loaded)
+    labels = {"mfu": "mfu (of bf16's peak; fp8 weights: bf16-equivalent, fp8's own peak is 2x)"} if fp8 else {}
+    index = [f"{key} ({tasks})" if key.startswith("eval_exact") or key == "eval_f1" else labels.get(key, key)
+             for key in METRICS]
     table = pd.DataFrame(columns, index=["status", "runs"] + index)
     return table[(table != "").any(axis=1)]
 

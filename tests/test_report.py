@@ -239,3 +239,24 @@ def test_the_table_shows_what_was_recorded_and_no_ratio_of_the_machines_load(wor
     assert gpu.loc["peak_gpu_allocated_mb", "c"] == "4,723" and gpu.loc["peak_gpu_allocated_mb", "a"] == ""
     assert gpu.loc["peak_gpu_nvml_mb", "c"] == "0" and gpu.loc["peak_gpu_allocated_mb", "c / a"] == ""  # a GPU's 0
     assert table.loc["host_other_cores", "b / a"] == "" and table.loc["samples_per_second", "b / a"] == "0.80x"
+
+
+def test_mfu_beside_an_fp8_run_says_it_is_of_bf16s_peak_in_the_table(workdir):
+    """MFU is model FLOPs over the GPU's dense bf16 peak; fp8 weights' matmuls peak at twice that, so where a table
+    holds an fp8 run its MFU row says the figure is bf16-equivalent (and a table of bf16 runs keeps its plain label)."""
+    from dsnb.bench import FP8_MARK, markdown, summarize
+    from dsnb.report import compare_table
+
+    speed = {"samples_per_second": 10.0, "tokens_per_second": 900.0, "mfu": 0.5, "step_time_ms": 30.0, "loss": 6.0}
+    a = logged(workdir, "bf16", speed, quantization="none", dtype="bf16")
+    b = logged(workdir, "fp8", dict(speed, mfu=0.62), quantization="fp8", dtype="bf16")
+    c = logged(workdir, "bf16_again", speed, quantization="none", dtype="bf16")
+    assert "mfu" in compare_table([a, c]).index
+    fp8 = compare_table([a, b])
+    assert "mfu" not in fp8.index and fp8.loc[[i for i in fp8.index if i.startswith("mfu (of bf16's peak; fp8")][0],
+                                              "fp8"] == "0.62"
+    rows = [dict(summarize(r.name, [r]), ratio_to_tutorial=1.0, quantization=q) for r, q in ((a, "none"), (b, "fp8"))]
+    text = markdown({"gpu": "cpu", "command": "python -m dsnb bench", "untimed_steps": 3, "timed_steps": 10,
+                     "mfu_convention": "6N", "variants": rows})
+    assert f"| 62.00%{FP8_MARK} |" in text and "| 50.00% |" in text
+    assert f"{FP8_MARK} fp8 weights: of bf16's peak" in text
