@@ -559,16 +559,28 @@ FOOTER = """
 - **Held out, still outside 25%** (tests/test_timing.py names them; another run joining them fails it):
   full fine-tuning's update rate rests on five runs that imply 20-66 ms per billion weights (the 1B cells' host work a
   layer is 1.3-1.4x the 3B's in capacity.jsonl's LoRA bf16 and 4-bit cells), so full_flat (+66%) and multi_gpu's
-  zero2_1gpu (-30%) miss. Counting the bytes the update moves does not settle them: the compiled runs use
-  torch's fused AdamW (the Trainer's adamw_torch_fused) and DeepSpeed keeps fp32 master weights and moments (about 40
-  bytes a weight moved against the plain Trainer's 14 in bf16): that fits the 3B Trainer pair (1.6-1.7 ms a GB moved,
-  full and zero2_1gpu), but held out it puts the compiled 3B ZeRO-3 runs 42-46% low and the 8B ZeRO-3 runs 57-60% high
-  (tried, not kept). The 1B LoRA bf16 cell (-28%,
-  the third cell of its call, after the first pair) and the 1B full cell (-19%) took 1.3-1.4x the 3B's host work a
-  layer, which no other shape shows. The two compiled runs without CUDA graphs differ by 1.37x (each predicted from
+  zero2_1gpu (-30%) miss. Counting the passes each implementation makes over the trained weights settles the
+  ZeRO-1/2 and plain runs but not ZeRO-3's (tried, not kept): the Trainer's foreach AdamW 20 passes, the compiled
+  loop's fused AdamW 7; without DeepSpeed on the 16-bit weights (plus clipping: 46 and 20 bytes a weight), under
+  DeepSpeed on the fp32 master with the gradient's copies into the partition, its cast to fp32, the norm, the clip
+  and the copy back (56 bytes a weight with dsnb's flat step, 58 DeepSpeed's own compiled, 110 under the Trainer).
+  One rate, 0.515 ms a GB moved (1.9 TB/s), fitted over the five runs: held out zero2_1gpu -10%, full_stock +5%, the
+  3B Trainer run +5%, full_zero2_opt-cpu and the 8B LoRA 15 GB run inside 25%; 78 of 88 within 25%, median 7.2%. But
+  ZeRO-3 takes the same fp32-master step, so its fetch a layer refits to 23.7 ms and the compiled 3B ZeRO-3 runs fall
+  to -38% and -34% (the 3B Trainer ZeRO-3 run implies 23.7 ms a layer with that update, the compiled pair 27-30),
+  and full_flat stays +29% (its 0.411 ms a GB is the five's lowest; the 1B full cell's 1.19 sits in the median's
+  way). The 1B LoRA bf16 cell (-28%) and the 1B full cell (-19%) took 1.3-1.4x the 3B's host work a
+  layer, which no other shape shows. Rebuilt from the listing's order and wall seconds (two threads taking cells in
+  the yaml's order), the 1B LoRA bf16 cell started within a second of the 1B LoRA ZeRO-3 offload cell and its timed
+  steps (its last seconds, at about 50 s) fell in that one's first 20 s; so did multi_gpu's zero2_1gpu (-30%) beside
+  zero3_1gpu, both started at 35 s. But capacity.jsonl's 8B 4-bit cell started 2 s after its 8B 8-bit cell the same
+  way and measured within 1% of its estimate, so this is no rule to leave them out by. The two compiled runs without CUDA graphs differ by 1.37x (each predicted from
   the other: -27%, +36%) and came from two sessions; with graphs the same two recipes took 0.034 and 0.033 s, but
   those steps are GPU-bound and say nothing of the hosts. ZeRO-3's fetch took 17 ms a layer on the 8B shape where
-  the 3B's took 27-31 (+34%, +36%; two of the three 3B runs came from listings where another run was slowed). 8B
+  the 3B's took 27-31 (+34%, +36%; two of the three 3B runs came from listings where another run was slowed). A
+  fetch that moves each layer's bytes at a bandwidth beside a fixed cost a layer does not fit them: the 8B's layers
+  hold 2.2x the 3B's weights, it has 32 layers to 28, and its step (1.01-1.06 s) is no longer than the 3B's
+  (0.91-1.06 s), which solves to a negative time a byte. 8B
   ZeRO-3 with the optimizer offloaded took 6.66 s on one GPU where each of two took 4.43 s (-43%), where ZeRO-2
   offload took 3.11 and 3.19: a part of ZeRO-3's offloaded step (each rank's own copies, sub-group by sub-group) that
   halves with two GPUs, which no other run isolates. The 8B LoRA ZeRO-3 offload run in a 15 GB cap (-26%) never
