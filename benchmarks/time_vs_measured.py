@@ -134,8 +134,7 @@ ROWS += [
      TUTORIAL_T4.replace(strategy="zero2", offload_optimizer="cpu")),
 ]
 # gpu_runs.sh advise (2026-12-03): `dsnb advise --verify 3` for the 3B shape in a 15 GB cap, its top variants run for
-
-
+# 10 steps each (dsnb/advise.py measure): the bf16 one and its fp8 twin (the third was stopped while it compiled)
 ROWS.append(("advise_2", "advise.jsonl", None, RunConfig(**B3, quantization="none", dtype="bf16", torch_compile=True,
                                                          memory_budget_gb=15, max_steps=10, untimed_steps=3,
                                                          eval_samples=0, save_model=False)))
