@@ -573,21 +573,22 @@ FOOTER = """
   the yaml's order), the 1B LoRA bf16 cell started within a second of the 1B LoRA ZeRO-3 offload cell and its timed
   steps (its last seconds, at about 50 s) fell in that one's first 20 s; so did multi_gpu's zero2_1gpu (-30%) beside
   zero3_1gpu, both started at 35 s. But capacity.jsonl's 8B 4-bit cell started 2 s after its 8B 8-bit cell the same
-  way and measured within 1% of its estimate, so this is no rule to leave them out by. The two compiled runs without CUDA graphs differ by 1.37x (each predicted from
-  the other: -27%, +36%) and came from two sessions; with graphs the same two recipes took 0.034 and 0.033 s, but
+  way and measured within 1% of its estimate, so this is no rule to leave them out by. The two compiled runs
+  without CUDA graphs differ by 1.37x (each predicted from the other: -27%, +36%) and came from two sessions; with
+  graphs the same two recipes took 0.034 and 0.033 s, but
   those steps are GPU-bound and say nothing of the hosts. ZeRO-3's fetch took 17 ms a layer on the 8B shape where
   the 3B's took 27-31 (+34%, +36%; two of the three 3B runs came from listings where another run was slowed). A
   fetch that moves each layer's bytes at a bandwidth beside a fixed cost a layer does not fit them: the 8B's layers
   hold 2.2x the 3B's weights, it has 32 layers to 28, and its step (1.01-1.06 s) is no longer than the 3B's
-  (0.91-1.06 s), which solves to a negative time a byte. 8B
-  ZeRO-3 with the optimizer offloaded took 6.66 s on one GPU where each of two took 4.43 s (-43%), where ZeRO-2
+  (0.91-1.06 s), which solves to a negative time a byte. 8B ZeRO-3 with the optimizer offloaded took 6.66 s on one
+  GPU where each of two took 4.43 s (-43%), where ZeRO-2
   offload took 3.11 and 3.19: a part of ZeRO-3's offloaded step (each rank's own copies, sub-group by sub-group) that
   halves with two GPUs, which no other run isolates. The 8B LoRA ZeRO-3 offload run in a 15 GB cap (-26%) never
   reached its cap (9.7 GB reserved) and its four steps took about 4.9, 2.5, 3.9 and 1.3 s (`big_8b_15gb.log`'s
   progress bar): three timed steps that disagree by 3x, against 2.09 s uncapped. Full fine-tuning ZeRO-2 offload in 15
   GB (-26%) reserved 15.27 GB, at its cap, where the same run uncapped reserved 21.6 GB: the allocator freed and
-  allocated again at the cap, which the estimate does not model. t4pad's one
-  micro-batch of 8 padded per batch (+32%, above).
+  allocated again at the cap, which the estimate does not model. t4pad's one micro-batch of 8 padded per batch:
+  +32%, above.
 - **The T4** is fitted to the tutorial's own two runs (the only T4 runs there are), its host work the H200's x1.5
   (assumed), so no T4 figure is held out; the estimate says rough on the T4 off the tutorial's recipe.
 - **Not fitted**: runs of code since replaced (the table above), whose step did work today's code does not.
