@@ -11,10 +11,14 @@
 #                                                    # then the closed-book fast recipe; fp8 compiles for minutes cold
 #                                                    # (fp8_h200.md), so one call each: PARTS=throughput REPEATS=1,
 #                                                    # again, then PARTS=fast
+#   OUT=out bash benchmarks/gpu_runs.sh fp8quality   # LoRA on fp8 base weights against bf16 ones on the quality task:
+#                                                    # held-out exact match and F1, REPEATS (4) of each, interleaved
+#                                                    # (benchmarks/fp8_quality.py)
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
 #   OUT=out bash benchmarks/gpu_runs.sh big          # 8B LoRA + ZeRO-3 offload: under 15 GB, and its map cell
+#                                                    # (ONLY15=1 STEPS=12: the 15 GB run alone, 12 steps)
 #   OUT=out bash benchmarks/gpu_runs.sh nvme         # ZeRO-3 with parameters and optimizer on disk
 #   OUT=out bash benchmarks/gpu_runs.sh notebook01   # notebook 01 under colab_t4 to its last cell, saved models reloaded
 #   OUT=out bash benchmarks/gpu_runs.sh notebook01rerun  # the same killed after its pair finished, run all again in a
@@ -130,6 +134,12 @@ fp8)  # FP8 frozen base weights (dsnb/fp8.py) against bf16 weights, side by side
   fi
   dump fp8
   ;;
+fp8quality)  # the quality preset's base trained 60 steps, then LoRA from it with bf16 and fp8 base weights, held out
+  timeout "${LIMIT:-540}" python3 benchmarks/fp8_quality.py --out "$OUT/fp8_quality" --repeats "${REPEATS:-4}" \
+    --tracking_uri "$DB" > "$OUT/fp8_quality.md" 2> "$OUT/fp8_quality.err"
+  echo "fp8_quality exit $?"; cat "$OUT/fp8_quality.md"
+  dump fp8quality
+  ;;
 multi)
   prebuild synthetic:llama-3.2-3b
   timeout 270 python3 -m dsnb capacity -f variants/multi_gpu_zero.yaml --gpus "$GPUS" --out "$OUT/multi_gpu" \
@@ -155,11 +165,12 @@ zero3)  # the capacity map's ZeRO-3 + CPU offload cells of 1B and 3B, measured a
   ;;
 big)  # 8B with LoRA under ZeRO-3 + CPU offload: capped at 15 GB, then uncapped as its capacity-map cell
   prebuild synthetic:llama-3.1-8b
-  timeout 110 python3 -m dsnb run --model synthetic:llama-3.1-8b --dataset synthetic --save_model false \
+  timeout "${LIMIT:-110}" python3 -m dsnb run --model synthetic:llama-3.1-8b --dataset synthetic --save_model false \
     --tracking_uri "$DB" --quantization none --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
-    --strategy zero3 --offload_optimizer cpu --offload_param cpu --memory_budget_gb 15 --max_steps 4 \
+    --strategy zero3 --offload_optimizer cpu --offload_param cpu --memory_budget_gb 15 --max_steps "${STEPS:-4}" \
     --run_name 8b_lora_zero3_offload_15gb > "$OUT/8b_15gb.log" 2>&1
   echo "8b exit $?"
+  [ -z "${ONLY15:-}" ] || { dump big; continue; }  # ONLY15=1: the 15 GB run alone (STEPS=12: more timed steps)
   timeout 150 python3 -m dsnb capacity -f variants/capacity_map.yaml --out "$OUT/big" \
     --only lora_zero3_offload,llama-3.1-8b --tracking_uri "$DB"
   dump big

@@ -69,54 +69,67 @@ def matmul(a: torch.Tensor, b8_t: torch.Tensor, b_scale: torch.Tensor, out_dtype
     return torch._scaled_mm(a8, b8_t, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype)
 
 
+def padded(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t with zero columns added to its last dimension up to width (t itself where it is that wide)."""
+    return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+
+
 class Fp8Matmul(torch.autograd.Function):
-    """y = x W^T for a frozen W = diag(w_scale) w8: forward and x's gradient through _scaled_mm (module docstring)."""
+    """y = x W^T for a frozen W = diag(w_scale) w8: forward and x's gradient through _scaled_mm (module docstring).
+    w8 may be wider than W (zero rows and columns up to multiples of ALIGN: Fp8Linear); y and dx are cut to W's own
+    out_features and in_features."""
 
     @staticmethod
-    def forward(ctx, x, w8, w_scale):
+    def forward(ctx, x, w8, w_scale, out_features):
         ctx.save_for_backward(w8, w_scale)
-        y = matmul(x.reshape(-1, x.shape[-1]), w8.t(), w_scale.view(1, -1), x.dtype)
-        return y.view(*x.shape[:-1], w8.shape[0])
+        ctx.lead, ctx.in_features = x.shape[:-1], x.shape[-1]
+        y = matmul(padded(x.reshape(-1, x.shape[-1]), w8.shape[1]), w8.t(), w_scale.view(1, -1), x.dtype)
+        return y[:, :out_features].view(*x.shape[:-1], out_features)
 
     @staticmethod
     def backward(ctx, dy):
         w8, w_scale = ctx.saved_tensors
         ones = torch.ones(1, w8.shape[1], device=dy.device, dtype=torch.float32)
+        dy = padded(dy.reshape(-1, dy.shape[-1]), w8.shape[0])
         # w8 transposed into the layout _scaled_mm takes as its second operand, for this layer only (module docstring)
-        dx = matmul(dy.reshape(-1, dy.shape[-1]) * w_scale.view(1, -1).to(dy.dtype), w8.t().contiguous().t(), ones,
-                    dy.dtype)
-        return dx.view(*dy.shape[:-1], w8.shape[1]), None, None
+        dx = matmul(dy * w_scale.view(1, -1).to(dy.dtype), w8.t().contiguous().t(), ones, dy.dtype)
+        return dx[:, :ctx.in_features].reshape(*ctx.lead, ctx.in_features), None, None, None
 
 
 class Fp8Linear(torch.nn.Linear):
     """A frozen Linear whose weight is float8 e4m3 (its bytes, as uint8) with a power-of-two scale per output row.
 
     A Linear to peft, which wraps it in LoRA as it wraps the bf16 one: it makes the adapters in compute_dtype (as for
-    bitsandbytes' layers), so a seed draws the same initial adapters as in a bf16 run."""
+    bitsandbytes' layers), so a seed draws the same initial adapters as in a bf16 run. A width that is not a multiple
+    of ALIGN (which _scaled_mm does not take on CUDA; no layer of the Llama shapes dsnb knows, synthetic:tiny's and
+    small's MLPs) is stored with zero rows or columns up to the next multiple: zeros add nothing to a product, so the
+    math is the unpadded layer's, the input padded and the output cut at each call."""
 
     def __init__(self, linear: torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = linear.weight.dtype
-        w8, scale = quantize_rows(linear.weight)
+        up = lambda n: -(-n // ALIGN) * ALIGN  # noqa: E731
+        weight = torch.nn.functional.pad(linear.weight.detach(), (0, up(self.in_features) - self.in_features,
+                                                                  0, up(self.out_features) - self.out_features))
+        w8, scale = quantize_rows(weight)
         self.weight = torch.nn.Parameter(w8.view(torch.uint8), requires_grad=False)
         self.register_buffer("scale", scale.view(-1))
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = Fp8Matmul.apply(x.to(self.compute_dtype), self.weight.view(torch.float8_e4m3fn), self.scale.float())
+        y = Fp8Matmul.apply(x.to(self.compute_dtype), self.weight.view(torch.float8_e4m3fn), self.scale.float(),
+                            self.out_features)
         return y if self.bias is None else y + self.bias
 
 
 def quantize_linears(model: torch.nn.Module) -> int:
     """Each Linear of model (before LoRA wraps it) becomes an Fp8Linear, in place; returns how many.
 
-    Kept in the model's precision: the LM head (the logits; Llama 3.2's is the input embedding itself) and any Linear
-    with a width that is not a multiple of 16, which _scaled_mm does not take on CUDA (no layer of the Llama shapes
-    dsnb knows; synthetic:tiny's 172-wide MLP). One layer at a time, so its bf16 weight is freed as it goes."""
+    Kept in the model's precision: the LM head (the logits; Llama 3.2's is the input embedding itself). Widths that
+    are not a multiple of 16 are padded (Fp8Linear). One layer at a time, so its bf16 weight is freed as it goes."""
     head = model.get_output_embeddings()
-    names = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear and m is not head
-             and m.in_features % ALIGN == 0 and m.out_features % ALIGN == 0]
+    names = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear and m is not head]
     for name in names:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)

@@ -135,7 +135,7 @@ def linear_bytes(model) -> dict:
     return found
 
 
-def test_fp8_halves_the_linear_weights_and_leaves_the_head_and_odd_widths_in_bf16():
+def test_fp8_halves_the_linear_weights_and_leaves_the_head_in_bf16():
     model, quantized = tiny(176), tiny(176)  # tiny with its MLP 176 wide: every width a multiple of 16
     assert fp8.quantize_linears(quantized) == 14  # 2 layers x (q, k, v, o, gate, up, down)
     before, after = linear_bytes(model), linear_bytes(quantized)
@@ -150,9 +150,29 @@ def test_fp8_halves_the_linear_weights_and_leaves_the_head_and_odd_widths_in_bf1
     for name, t in quantized.state_dict().items():
         if name in kept:
             assert torch.equal(t.float(), kept[name].float()) and (t.dtype == kept[name].dtype or "scale" in name)
-    odd = tiny()  # synthetic:tiny itself: its 172-wide MLP is not a width _scaled_mm takes on CUDA
-    assert fp8.quantize_linears(odd) == 8
-    assert type(odd.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    odd = tiny()  # synthetic:tiny itself: its 172-wide MLP is not a width _scaled_mm takes on CUDA: padded to 176
+    assert fp8.quantize_linears(odd) == 14
+    assert odd.model.layers[0].mlp.up_proj.weight.shape == (176, 64)
+    assert odd.model.layers[0].mlp.down_proj.weight.shape == (64, 176)
+
+
+@pytest.mark.parametrize("inputs, outputs", [(64, 172), (172, 64), (40, 24)])
+def test_a_layer_of_a_width_scaled_mm_does_not_take_is_padded_and_computes_the_unpadded_layers_math(inputs, outputs):
+    """synthetic:tiny's and small's MLPs (172 and 344 wide): zero rows and columns up to a multiple of 16, the input
+    padded and the output cut at each call, so y and x's gradient have the layer's own shapes and its values."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(inputs, outputs, bias=False).to(torch.bfloat16)
+    layer = fp8.Fp8Linear(linear)
+    assert layer.weight.shape == (-(-outputs // 16) * 16, -(-inputs // 16) * 16)
+    assert (layer.in_features, layer.out_features) == (inputs, outputs)
+    rows = (layer.weight.view(torch.float8_e4m3fn).float() * layer.scale.view(-1, 1))
+    assert not rows[outputs:].any() and not rows[:, inputs:].any()  # the padding is zeros
+    weight = rows[:outputs, :inputs].to(torch.bfloat16)
+    x, dy = torch.randn(3, 5, inputs, dtype=torch.bfloat16), torch.randn(3, 5, outputs, dtype=torch.bfloat16)
+    y, dx = forward_backward(layer, x, dy)
+    y_ref, dx_ref = forward_backward(lambda x: x @ weight.t(), x, dy)
+    assert y.shape == y_ref.shape and dx.shape == x.shape
+    assert rel(y, y_ref) < E4M3_STEP and rel(dx, dx_ref) < E4M3_STEP
 
 
 def train_steps(model, steps: int = 12) -> list[float]:
