@@ -117,8 +117,8 @@ def table(result: dict) -> str:
         for q in (q for q in arms if q != "none"):
             test = same_answers([r["per_question"] for r in arms["none"]], [r["per_question"] for r in arms[q]])
             said = "DIFFER" if test["p"] < ALPHA else "agree"
-            lines.append(f"- Held-out exact match, paired over {test['questions']} questions (each question's mean over "
-                         f"an arm's repeats): {q} {test['b']:.3f} vs bf16 {test['a']:.3f}, p = {test['p']:.3f}: "
+            lines.append(f"- Held-out exact match, paired over {test['questions']} questions (each question's mean "
+                         f"over an arm's repeats): {q} {test['b']:.3f} vs bf16 {test['a']:.3f}, p = {test['p']:.3f}: "
                          f"**{said}** (at equal skill the test says DIFFER at most {ALPHA:.0%} of the time); it "
                          f"detects a 10-point difference at least {test['power']:.0%} of the time on these questions.")
             gaps = []
@@ -128,8 +128,8 @@ def table(result: dict) -> str:
                     ref = dict(a["loss_curve"])
                     gaps += [loss / ref[step] - 1 for step, loss in b["loss_curve"] if ref.get(step)]
             if gaps:
-                lines.append(f"- Loss, {q} against bf16 at the same step and repeat: largest gap {max(gaps, key=abs):+.2%}, "
-                             f"mean {statistics.mean(gaps):+.2%} over {len(gaps)} logged steps.")
+                lines.append(f"- Loss, {q} against bf16 at the same step and repeat: largest gap "
+                             f"{max(gaps, key=abs):+.2%}, mean {statistics.mean(gaps):+.2%} over {len(gaps)} logged steps.")
     return "\n".join(lines)
 
 
