@@ -129,7 +129,8 @@ def table(result: dict) -> str:
                     gaps += [loss / ref[step] - 1 for step, loss in b["loss_curve"] if ref.get(step)]
             if gaps:
                 lines.append(f"- Loss, {q} against bf16 at the same step and repeat: largest gap "
-                             f"{max(gaps, key=abs):+.2%}, mean {statistics.mean(gaps):+.2%} over {len(gaps)} logged steps.")
+                             f"{max(gaps, key=abs):+.2%}, mean {statistics.mean(gaps):+.2%} over {len(gaps)} logged "
+                             "steps.")
     return "\n".join(lines)
 
 

@@ -168,7 +168,7 @@ big)  # 8B with LoRA under ZeRO-3 + CPU offload: capped at 15 GB, then uncapped 
   timeout "${LIMIT:-110}" python3 -m dsnb run --model synthetic:llama-3.1-8b --dataset synthetic --save_model false \
     --tracking_uri "$DB" --quantization none --dtype bf16 --padding longest --batch_size 8 --grad_accum 1 \
     --strategy zero3 --offload_optimizer cpu --offload_param cpu --memory_budget_gb 15 --max_steps "${STEPS:-4}" \
-    --run_name 8b_lora_zero3_offload_15gb > "$OUT/8b_15gb.log" 2>&1
+    --eval_samples "${EVAL:-64}" --run_name 8b_lora_zero3_offload_15gb > "$OUT/8b_15gb.log" 2>&1
   echo "8b exit $?"
   [ -z "${ONLY15:-}" ] || { dump big; continue; }  # ONLY15=1: the 15 GB run alone (STEPS=12: more timed steps)
   timeout 150 python3 -m dsnb capacity -f variants/capacity_map.yaml --out "$OUT/big" \

@@ -42,8 +42,8 @@ RATES = {
     #                      (attention, LoRA, norms, the loss) not (the throughput mode, three calls of one shape)
     "fp8_layer": 0.000326,  # s per layer a micro-batch with fp8 weights adds on the GPU whatever its tokens: each
     #                         layer's weights transposed for the backward, its activations quantized (2 runs)
-    "ds_step_layer": 0.000254,  # s per layer of DeepSpeed's own compiled ZeRO-1/2 step beyond dsnb's flat one (1 run)
-    "compiled_layer_nographs": 0.00179,  # the same floor without CUDA graphs (2 runs)
+    "ds_step_layer": 0.000253,  # s per layer of DeepSpeed's own compiled ZeRO-1/2 step beyond dsnb's flat one (1 run)
+    "compiled_layer_nographs": 0.00158,  # the same floor without CUDA graphs (4 runs)
     "trainer_layer": 0.00499,  # s per layer of host and launch work in a micro-batch under the HF Trainer, 16-bit
     #                            weights, micro-batches of few lengths (bucket; 2 runs)
     "trainer_layer_varying": 0.00234,  # s per layer more where each micro-batch has its own length (longest; 7 runs)
@@ -56,13 +56,13 @@ RATES = {
     "update_fused": 0.012,  # s per billion trained weights of torch's fused AdamW (HBM-bound; scaled by bandwidth):
     #                         its one run (speed.jsonl full_compiled) also wrote to MLflow every step, so not fitted
     "update_foreach": 0.0299,  # the same for the Trainer's foreach AdamW and DeepSpeed's (fp32 master; 5 runs)
-    "zero3_layer": 0.0265,  # s per layer of a micro-batch: ZeRO-3's fetch and release hooks (5 runs)
-    "deepcompile_layer": 0.000385,  # the same under DeepCompile, gathers and releases in the graph (1 run)
+    "zero3_layer": 0.0231,  # s per layer of a micro-batch: ZeRO-3's fetch and release hooks (6 runs)
+    "deepcompile_layer": 0.000589,  # the same under DeepCompile, gathers and releases in the graph (1 run)
     "offload": 0.18,  # s a step that optimizer offload adds whatever is trained (8-bit LoRA, 3 runs)
-    "param_offload_s_gb": 0.0497,  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (5)
+    "param_offload_s_gb": 0.0503,  # s per GB of 16-bit weights a micro-batch, ZeRO-3 with parameters in CPU RAM (6)
     "offload_s_per_b": 0.331,  # s per billion trained weights of CPU Adam and the copies to and from the host (11 runs)
     "nvme_s_per_b": 24.2,  # s per billion trained weights with optimizer and parameters on disk (1 run)
-    "link_gb_s": 78.7,  # GB/s between two GPUs of one host as DeepSpeed used them (gradients and weights; 7 runs)
+    "link_gb_s": 82.5,  # GB/s between two GPUs of one host as DeepSpeed used them (gradients and weights; 8 runs)
     "ddp_s_per_b": 0.444,  # s per billion trained weights that DDP's gradient all-reduce took beyond that (1 run)
     # the T4's, fitted last to the tutorial's own T4 runs (8-bit LoRA, pad 512, 2 x 4, 625 steps: 2,424.7 s, and
     # 2,680.7 s with ZeRO-2 + CPU offload), its host work taken as the H200's x HOST_FACTOR:
@@ -202,8 +202,11 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
                           or cfg.strategy == "zero3" or cfg.padding != "max_length"):
         reasons.append("a T4 is measured only on the tutorial's recipe (8-bit LoRA padded to max_length), the rest is "
                        "the H200's host work x1.5, assumed")
-    if "nvme" in (cfg.offload_optimizer, cfg.offload_param):
-        reasons.append("NVMe offload is measured once, one 1B run took 31 s a step, disk-bound")
+    reasons += [why for offloaded, why in (
+        (cfg.offload_param == "cpu", "parameters in CPU RAM move at the host's speed: the same 8B LoRA step took "
+         "1.2-1.4 s in one session of an H200 and 2.1-2.6 s in another (time_vs_measured_h200.md)"),
+        ("nvme" in (cfg.offload_optimizer, cfg.offload_param), "NVMe offload is measured once, one 1B run took 31 s a "
+         "step, disk-bound")) if offloaded]
     if cfg.torch_compile and cfg.deepcompile and cfg.strategy == "zero3":
         reasons.append("DeepCompile is measured once")
     if deepspeed_step(cfg, world):

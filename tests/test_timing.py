@@ -52,17 +52,19 @@ MISSES = {
     ("zero_flat_full.jsonl", "full_flat"): "full fine-tuning's update rate rests on five runs that differ by 3x",
     ("multi_gpu.jsonl", "llama-3.2-3b zero2_1gpu"): "the same; fp32-master bytes fit it but not ZeRO-3's runs",
     ("capacity.jsonl", "llama-3.2-1b lora_bf16"): "the 1B cells' host work a layer is 1.3-1.4x the 3B's",
-    ("graphscheck.jsonl", "plain_ga2_nographs"): "the path's two runs differ by 1.37x, from two sessions",
-    ("graphscheck.jsonl", "z2_ga2_flat_nographs"): "the same",
-    ("scale_8b.jsonl", "llama-3.1-8b zero3_1gpu"): "ZeRO-3's fetch took 17 ms a layer on 8B, 27-31 on 3B",
+    ("graphscheck.jsonl", "plain_ga2_nographs"): "without graphs the plain step is 1.25x the flat ZeRO-2 step's in one "
+                                                 "call (graphscheck_2.jsonl); one rate a layer holds both",
+    ("scale_8b.jsonl", "llama-3.1-8b zero3_1gpu"): "ZeRO-3's fetch took 17-19 ms a layer on 8B, 27-31 on 3B",
     ("scale_8b_b16.jsonl", "llama-3.1-8b zero3_1gpu"): "the same",
+    ("speed.jsonl", "full_zero3_compiled"): "the same, from the 3B side",
     ("scale_8b.jsonl", "llama-3.1-8b zero3_offload_1gpu"): "6.66 s on one GPU where two took 4.43 s each",
-    ("big.jsonl", "8b_lora_zero3_offload_15gb"): "three timed steps of about 2.5, 3.9 and 1.3 s (its log)",
-    ("capacity_15gb_h200.md", "full_zero2_opt-cpu"): "reserved 15.27 GB, at its 15 GB cap: the allocator's churn",
+    ("big.jsonl", "8b_lora_zero3_offload_15gb"): "the same work took 2.09-2.60 s in its session, 1.20-1.38 s in "
+                                                 "another (big_2.jsonl): no figure is within 25% of both",
+    ("big_2.jsonl", "8b_lora_zero3_offload_15gb"): "the same",
     ("t4pad.jsonl", "pad_longest_b8"): "8-bit, one micro-batch of 8 padded per batch paid 1.9 ms a layer for its own "
                                        "lengths where 2 x 4 paid 5.5 per micro-batch: not per step, nor per new length",
 }
-HELD_OUT = (88, 77, 0.087)  # held-out runs, how many within 25%, the median absolute error (time_vs_measured_h200.md)
+HELD_OUT = (92, 81, 0.082)  # held-out runs, how many within 25%, the median absolute error (time_vs_measured_h200.md)
 
 
 def test_every_committed_gpu_run_is_predicted_held_out_by_path(comparison):
@@ -169,6 +171,8 @@ def test_faster_settings_are_faster_by_the_estimate_and_by_the_committed_runs(co
 @pytest.mark.parametrize("gpu, fields, why", [
     ("H200", dict(strategy="zero3", offload_optimizer="nvme", offload_param="nvme", quantization="none",
                   dtype="bf16"), "NVMe offload is measured once"),
+    ("H200", dict(strategy="zero3", offload_optimizer="cpu", offload_param="cpu", quantization="none",
+                  dtype="bf16"), "parameters in CPU RAM move at the host's speed"),
     ("L4", dict(quantization="none", dtype="bf16"), "the L4 is not measured"),
     ("A100", dict(), "the A100 is not measured"),
     ("T4", dict(quantization="none", padding="longest"), "a T4 is measured only on the tutorial's recipe"),
