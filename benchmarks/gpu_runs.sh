@@ -14,6 +14,8 @@
 #   OUT=out bash benchmarks/gpu_runs.sh fp8quality   # LoRA on fp8 base weights against bf16 ones on the quality task:
 #                                                    # held-out exact match and F1, REPEATS (4) of each, interleaved
 #                                                    # (benchmarks/fp8_quality.py)
+#   OUT=out bash benchmarks/gpu_runs.sh matmuls      # the throughput mode's frozen-weight matmuls alone, separate and
+#                                                    # fused (q/k/v, gate/up), cuBLAS bf16 (benchmarks/matmul_shapes.py)
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
@@ -139,6 +141,10 @@ fp8quality)  # the quality preset's base trained 60 steps, then LoRA from it wit
     --tracking_uri "$DB" > "$OUT/fp8_quality.md" 2> "$OUT/fp8_quality.err"
   echo "fp8_quality exit $?"; cat "$OUT/fp8_quality.md"
   dump fp8quality
+  ;;
+matmuls)  # the 3B layer's matmuls at the throughput mode's 12,288 tokens: the MFU ceiling of matmuls alone
+  timeout 120 python3 benchmarks/matmul_shapes.py > "$OUT/matmul_shapes_h200.json"; echo "matmul_shapes exit $?"
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv >> "$OUT/matmul_shapes_smi.txt"
   ;;
 multi)
   prebuild synthetic:llama-3.2-3b
