@@ -241,7 +241,7 @@ copies, DeepCompile), so those runs come out high rather than low: 1B full fine-
 the GPU, ZeRO-3's parameter offload up to +23% in host RAM. The two runs above the estimate by more than 5% are one
 recipe, the 8B LoRA under ZeRO-3 with everything offloaded in a 15 GB cap, in two sessions: 0.9 GB above the same
 variant uncapped on the closed-book prompt (2026-12-01), and 1.2 GB above the estimate on the passage prompt
-(2026-12-04, 12% under; the estimate's own rise with the longer rows, 2.3 GB, is the logits' and holds). The cap is
+(2026-12-04, 12% under; the estimate rose 2.3 GB with the longer rows, the measured peak 2.6 GB). The cap is
 `torch.cuda.set_per_process_memory_fraction`, which should not change what is allocated: not explained.
 advise's "fits" keeps 15% above the estimate, so no run here is called "fits" where it did not fit.
 

@@ -578,7 +578,8 @@ FOOTER = """
   DeepSpeed on the fp32 master with the gradient's copies into the partition, its cast to fp32, the norm, the clip
   and the copy back (56 bytes a weight with dsnb's flat step, 58 DeepSpeed's own compiled, 110 under the Trainer).
   One rate, 0.515 ms a GB moved (1.9 TB/s), fitted over the five runs: held out zero2_1gpu -10%, full_stock +5%, the
-  3B Trainer run +5%, full_zero2_opt-cpu and the 8B LoRA 15 GB run inside 25%; 78 of 88 within 25%, median 7.2%. But
+  3B Trainer run +5%, full_zero2_opt-cpu and the 8B LoRA 15 GB run inside 25%; 78 of 88 within 25%, median 7.2%
+  (tried on the 88 runs before 2026-12-04's reruns). But
   ZeRO-3 takes the same fp32-master step, so its fetch a layer refits to 23.7 ms and the compiled 3B ZeRO-3 runs fall
   to -38% and -34% (the 3B Trainer ZeRO-3 run implies 23.7 ms a layer with that update, the compiled pair 27-30),
   and full_flat stays +29% (its 0.411 ms a GB is the five's lowest; the 1B full cell's 1.19 sits in the median's
@@ -598,20 +599,20 @@ FOOTER = """
 - **ZeRO-3's fetch**: 8B took 17 ms a layer where the 3B's took 27-31. Run again on 2026-12-04 (scale_8b_2.jsonl):
   1.17 s a step (+18% held out), and once with DeepSpeed's phase timers (`PHASES=1`; reruns_h200/
   scale_8b_zero3_1gpu_phases.json, its step 1.71 s with the timers' syncs): forward 607 ms, backward 755, optimizer
-  288. The forward computes about 12 TFLOP (12 ms of the GPU) and takes 19 ms a layer: the fetch hooks are host work,
-  as fast as the host runs Python, not bytes moved. A fetch that moves each layer's bytes at a bandwidth beside a
-  fixed cost a layer does not fit them: the 8B's layers hold 2.2x the 3B's weights, it has 32 layers to 28, and its
-  step (1.01-1.17 s) is no longer than the 3B's (0.91-1.06 s), which solves to a negative time a byte. With the new
-  run the rate is 23.1 ms a layer over six runs, and the compiled 3B ZeRO-3 full run of speed.jsonl, 0.98 s, falls
-  to -29% held out (its twin of deepcompile.jsonl -24%). 8B ZeRO-3 with the optimizer offloaded took 6.66 s on one
-  GPU where each of two took 4.43 s (-43%), where ZeRO-2
-  offload took 3.11 and 3.19: a part of ZeRO-3's offloaded step (each rank's own copies, sub-group by sub-group) that
-  halves with two GPUs, which no other run isolates.
-- **Parameters in CPU RAM depend on the host**: the 8B LoRA ZeRO-3 offload run in a 15 GB cap took 2.60 s a step on
+  288. The forward computes about 12 TFLOP (12 ms of the GPU) and takes 607 ms, 19 ms a layer: the fetch hooks are
+  host work, as fast as the host runs Python, not bytes moved. A fetch that moves each layer's bytes at a bandwidth
+  beside a fixed cost a layer does not fit them: the 8B's layers hold 2.2x the 3B's weights, it has 32 layers to 28,
+  and its step (1.01-1.17 s) is about as long as the 3B's (0.91-1.06 s), which solves to a negative time a byte. With
+  the new run the rate is 23.1 ms a layer over six runs, and the compiled 3B ZeRO-3 full run of speed.jsonl, 0.98 s,
+  falls to -29% held out (its twin of deepcompile.jsonl -24%). 8B ZeRO-3 with the optimizer offloaded took 6.66 s on
+  one GPU where each of two took 4.43 s (-43%), where ZeRO-2 offload took 3.11 and 3.19: a part of ZeRO-3's offloaded
+  step (each rank's own copies, sub-group by sub-group) that halves with two GPUs, which no other run isolates.
+- **Parameters in CPU RAM vary between sessions**: the 8B LoRA ZeRO-3 offload run in a 15 GB cap took 2.60 s a step on
   2026-12-01 (three timed steps of about 2.5, 3.9 and 1.3 s, `big_8b_15gb.log`), its uncapped twin 2.09 s; on
-  2026-12-04 the same recipe (the passage prompt, 11 timed steps; big_2.jsonl) took 1.38 s and 1.20 s in two calls.
-  The same work in two sessions (machines lent days apart), a factor of 2: no one figure is within 25% of both 2.60
-  and 1.20 s (it would have to be at least 1.95 and at most 1.50). Held out the old run is -27%, the new +64%. dsnb's
+  2026-12-04 the same recipe (the passage prompt, 11 timed steps; big_2.jsonl) took 1.38 s and 1.20 s in two calls on
+  one machine (a third call, on the machine of the day's first calls, took 2.03 s: stopped in its held-out answers,
+  KILLED, not fitted). The same work in two sessions, a factor of 2: no one figure is within 25% of both 2.60 and
+  1.20 s (it would have to be at least 1.95 and at most 1.50). Held out the old run is -27%, the new +64%. dsnb's
   estimate says rough on this path and gives the spread (dsnb/timing.py). Full fine-tuning ZeRO-2 offload in 15
   GB (-23%) reserved 15.27 GB, at its cap, where the same run uncapped reserved 21.6 GB: the allocator freed and
   allocated again at the cap, which the estimate does not model. t4pad's one micro-batch of 8 padded per batch:

@@ -69,6 +69,11 @@ def matmul(a: torch.Tensor, b8_t: torch.Tensor, b_scale: torch.Tensor, out_dtype
     return torch._scaled_mm(a8, b8_t, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype)
 
 
+def aligned(n: int) -> int:
+    """n rounded up to a multiple of ALIGN."""
+    return -(-n // ALIGN) * ALIGN
+
+
 def padded(t: torch.Tensor, width: int) -> torch.Tensor:
     """t with zero columns added to its last dimension up to width (t itself where it is that wide)."""
     return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]))
@@ -109,11 +114,11 @@ class Fp8Linear(torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = linear.weight.dtype
-        up = lambda n: -(-n // ALIGN) * ALIGN  # noqa: E731
-        weight = torch.nn.functional.pad(linear.weight.detach(), (0, up(self.in_features) - self.in_features,
-                                                                  0, up(self.out_features) - self.out_features))
+        weight = torch.nn.functional.pad(linear.weight.detach(), (0, aligned(self.in_features) - self.in_features,
+                                                                  0, aligned(self.out_features) - self.out_features))
         w8, scale = quantize_rows(weight)
         self.weight = torch.nn.Parameter(w8.view(torch.uint8), requires_grad=False)
+        self.weight.unpadded_numel = self.in_features * self.out_features  # what model.count_parameters counts
         self.register_buffer("scale", scale.view(-1))
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
 

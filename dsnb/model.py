@@ -377,11 +377,12 @@ def check_targets(cfg: RunConfig, model) -> None:
 
 
 def count_parameters(model) -> tuple[int, int]:
-    """(trainable, total) parameter counts at full size: 4-bit weights unpacked, ZeRO-3 partitions whole."""
+    """(trainable, total) parameter counts at full size: 4-bit weights unpacked, ZeRO-3 partitions whole, fp8 weights
+    without their padding (dsnb/fp8.py)."""
     def size(p) -> int:
         if getattr(p, "quant_state", None):
             return p.quant_state.shape.numel()
-        return getattr(p, "ds_numel", None) or p.numel()
+        return getattr(p, "ds_numel", None) or getattr(p, "unpadded_numel", None) or p.numel()
 
     params = list(model.parameters())
     return sum(size(p) for p in params if p.requires_grad), sum(size(p) for p in params)

@@ -192,6 +192,17 @@ def step_parts(cfg: RunConfig, config, trainable: int, tokens: float, world: int
     return parts
 
 
+def offload_reasons(cfg: RunConfig) -> list[str]:
+    """Why an estimate with offload is rough: parameters in CPU RAM vary by machine, NVMe is measured once."""
+    reasons = []
+    if cfg.offload_param == "cpu":
+        reasons.append("parameters in CPU RAM move at the host's speed: the same 8B LoRA step took 1.2-1.4 s on one "
+                       "H200 machine and 2.0-2.6 s on two others (time_vs_measured_h200.md)")
+    if "nvme" in (cfg.offload_optimizer, cfg.offload_param):
+        reasons.append("NVMe offload is measured once, one 1B run took 31 s a step, disk-bound")
+    return reasons
+
+
 def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
     """Why an estimate is rough: a path no run measured, or one run measured (a rate fitted to one run cannot be
     held out; benchmarks/time_vs_measured.py lists them)."""
@@ -202,11 +213,7 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
                           or cfg.strategy == "zero3" or cfg.padding != "max_length"):
         reasons.append("a T4 is measured only on the tutorial's recipe (8-bit LoRA padded to max_length), the rest is "
                        "the H200's host work x1.5, assumed")
-    reasons += [why for offloaded, why in (
-        (cfg.offload_param == "cpu", "parameters in CPU RAM move at the host's speed: the same 8B LoRA step took "
-         "1.2-1.4 s in one session of an H200 and 2.1-2.6 s in another (time_vs_measured_h200.md)"),
-        ("nvme" in (cfg.offload_optimizer, cfg.offload_param), "NVMe offload is measured once, one 1B run took 31 s a "
-         "step, disk-bound")) if offloaded]
+    reasons += offload_reasons(cfg)
     if cfg.torch_compile and cfg.deepcompile and cfg.strategy == "zero3":
         reasons.append("DeepCompile is measured once")
     if deepspeed_step(cfg, world):

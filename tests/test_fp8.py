@@ -13,7 +13,7 @@ import torch
 
 from dsnb import fp8
 from dsnb.config import OFFLINE, ConfigError, RunConfig
-from dsnb.model import SHAPES, load_model, synthetic_config
+from dsnb.model import SHAPES, count_parameters, load_model, synthetic_config
 
 FP8 = dict(quantization="fp8", dtype="bf16")
 E4M3_STEP = 2**-4  # e4m3 keeps 3 mantissa bits: rounding moves a value by at most 2^-4 of itself
@@ -154,6 +154,7 @@ def test_fp8_halves_the_linear_weights_and_leaves_the_head_in_bf16():
     assert fp8.quantize_linears(odd) == 14
     assert odd.model.layers[0].mlp.up_proj.weight.shape == (176, 64)
     assert odd.model.layers[0].mlp.down_proj.weight.shape == (64, 176)
+    assert count_parameters(odd)[1] == count_parameters(tiny())[1]  # the padding is not counted as weights
 
 
 @pytest.mark.parametrize("inputs, outputs", [(64, 172), (172, 64), (40, 24)])
@@ -168,11 +169,12 @@ def test_a_layer_of_a_width_scaled_mm_does_not_take_is_padded_and_computes_the_u
     rows = (layer.weight.view(torch.float8_e4m3fn).float() * layer.scale.view(-1, 1))
     assert not rows[outputs:].any() and not rows[:, inputs:].any()  # the padding is zeros
     weight = rows[:outputs, :inputs].to(torch.bfloat16)
-    x, dy = torch.randn(3, 5, inputs, dtype=torch.bfloat16), torch.randn(3, 5, outputs, dtype=torch.bfloat16)
-    y, dx = forward_backward(layer, x, dy)
-    y_ref, dx_ref = forward_backward(lambda x: x @ weight.t(), x, dy)
-    assert y.shape == y_ref.shape and dx.shape == x.shape
-    assert rel(y, y_ref) < E4M3_STEP and rel(dx, dx_ref) < E4M3_STEP
+    for lead in ((3, 5), (7,)):  # a batch of rows, and rows alone
+        x, dy = torch.randn(*lead, inputs, dtype=torch.bfloat16), torch.randn(*lead, outputs, dtype=torch.bfloat16)
+        y, dx = forward_backward(layer, x, dy)
+        y_ref, dx_ref = forward_backward(lambda x: x @ weight.t(), x, dy)
+        assert y.shape == y_ref.shape and dx.shape == x.shape
+        assert rel(y, y_ref) < E4M3_STEP and rel(dx, dx_ref) < E4M3_STEP
 
 
 def train_steps(model, steps: int = 12) -> list[float]:
