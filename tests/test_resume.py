@@ -32,7 +32,9 @@ if moment == "interrupted_after_log":  # Ctrl-C once step's loss is logged: the 
     def planted(self, args, state, control, **kwargs):
         log(self, args, state, control, **kwargs)
         if state.global_step == step and "loss" in (kwargs.get("logs") or {}):
-            os.kill(os.getpid(), signal.SIGINT)
+            # what Python's SIGINT handler raises in the main thread, here and now (a signal sent to this process
+            # once let the run finish on a loaded CI machine)
+            raise KeyboardInterrupt
     train.StepCallback.on_log = planted
 elif moment == "while_writing":
     write = hf.Trainer._save_rng_state
