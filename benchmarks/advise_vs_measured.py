@@ -100,11 +100,12 @@ def row(name, source, cfg, status, gpu, host, step_ms) -> dict:
                 step=step_ms / 1000 if step_ms else None, estimate=estimate(cfg), stale=stale, why=why)
 
 
-def errors(rows: list[dict], what: str) -> list[float]:
-    """Estimated over measured, less 1, for the runs whose `what` (gpu, host) today's code measured."""
+def errors(rows: list[dict], what: str) -> list[tuple[tuple[str, str], float]]:
+    """((run name, listing), estimated over measured less 1) for the runs whose `what` (gpu, host) today's code
+    measured."""
     key = {"gpu": "est_peak_gpu_mb", "host": "est_peak_host_mb"}[what]
-    return [r["estimate"][key] / r[what] - 1 for r in rows if r[what] and what not in r["stale"]
-            and r["status"] == "FINISHED"]
+    return [((r["name"], r["source"]), r["estimate"][key] / r[what] - 1) for r in rows
+            if r[what] and what not in r["stale"] and r["status"] == "FINISHED"]
 
 
 def figures(rows: list[dict]) -> dict:
@@ -113,10 +114,8 @@ def figures(rows: list[dict]) -> dict:
     out = {"runs": len(rows)}
     for what in ("gpu", "host"):
         err = errors(rows, what)
-        size = [abs(e) for e in err]
-        key = {"gpu": "est_peak_gpu_mb", "host": "est_peak_host_mb"}[what]
-        under = [(r["name"], r["source"]) for r in rows if r[what] and what not in r["stale"]
-                 and r["status"] == "FINISHED" and r["estimate"][key] / r[what] - 1 < -0.05]
+        size = [abs(e) for _, e in err]
+        under = [run for run, e in err if e < -0.05]
         out[what] = dict(n=len(err), median=statistics.median(size), under5=len(under), under5_runs=under,
                          p95=statistics.quantiles(size, n=20, method="inclusive")[-1])  # linear between ranks
     out["false_fits"] = false_fits(rows)

@@ -69,6 +69,8 @@ def measure(out: str, repeats: int, quantizations: list[str], tracking_uri: str)
     print(f"base: the quality preset for {BASE_STEPS} steps, saved", flush=True)
     code = dsnb_run(["--max_steps", str(BASE_STEPS), "--run_name", "fp8q_base", "--tracking_uri", tracking_uri],
                     os.path.join(out, "fp8q_base.log"))
+    if code:
+        sys.exit(f"the base run failed (exit {code}): see {os.path.join(out, 'fp8q_base.log')}")
     client = mlflow_client(tracking_uri)
     base = newest(client, "fp8q_base")
     base_model = client.download_artifacts(base.info.run_id, "model")
