@@ -17,7 +17,8 @@
 #   OUT=out bash benchmarks/gpu_runs.sh matmuls      # the throughput mode's frozen-weight matmuls alone, separate and
 #                                                    # fused (q/k/v, gate/up), cuBLAS bf16 (benchmarks/matmul_shapes.py)
 #   OUT=out bash benchmarks/gpu_runs.sh peers        # HF Trainer + compile, TRL + Liger and Unsloth on the bench's task
-#                                                    # beside dsnb (benchmarks/peers.py; PARTS=b8 or PARTS=packed)
+#                                                    # beside dsnb (benchmarks/peers.py): PARTS=b8 (default), then
+#                                                    # PARTS=packed in a second call
 #   OUT=out bash benchmarks/gpu_runs.sh multi        # ZeRO 1/2/3 on 1 vs 2 GPUs; DeepSpeed's launcher
 #   OUT=out bash benchmarks/gpu_runs.sh capacity     # the capacity map
 #   OUT=out bash benchmarks/gpu_runs.sh zero3        # the map's 1B and 3B ZeRO-3 + CPU offload cells alone
@@ -147,29 +148,34 @@ fp8quality)  # the quality preset's base trained 60 steps, then LoRA from it wit
 peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (benchmarks/peers.py: HF Trainer + compile, TRL
   # + Liger, Unsloth), each its own process, beside dsnb's in the same call. PARTS=b8: a batch of 8 (the tutorial's
   # effective batch) against dsnb's fast_compiled; PARTS=packed: samples packed into 12 rows of 1024 tokens against
-  # dsnb's throughput mode. Needs .whl_peers (bash benchmarks/peer_wheels.sh) carried beside .whl
+  # dsnb's throughput mode; one call each (both exceed 10 minutes). Each peer is stopped after LIMIT s (a stopped one
+  # is recorded FAILED with why); the listing and the table are written after each run, so a call cut short keeps
+  # what finished. Needs .whl_peers (bash benchmarks/peer_wheels.sh) carried beside .whl
   prebuild synthetic:llama-3.2-3b
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/peers .whl_peers/*.whl \
     > /dev/null 2>&1 || { echo "no peers' wheels: run bash benchmarks/peer_wheels.sh and carry .whl_peers"; continue; }
   [ -f /tmp/peers_data.json ] || python3 benchmarks/peers.py data --out /tmp/peers_data.json
-  peer() { local name=$1; shift
-    PYTHONPATH=/tmp/peers:$PYTHONPATH HF_HUB_OFFLINE=1 UNSLOTH_DISABLE_STATISTICS=1 timeout "${LIMIT:-240}" \
-      python3 benchmarks/peers.py run "$@" --data /tmp/peers_data.json --out "$OUT/peers.jsonl" > "$OUT/peer_$name.log" 2>&1
-    echo "$name exit $?: $(tail -c 300 "$OUT/peer_$name.log" | tr '\n' ' ')"; }
+  peers_table() { dump peers > /dev/null
+    python3 benchmarks/peers.py table "$OUT/peers.jsonl" "$OUT/runs_peers.jsonl" > "$OUT/peers.md"; }
+  here=$PWD out=$(cd "$OUT" && pwd)
+  peer() { local name=$1; shift  # from /tmp: Unsloth writes its compiled cache where it runs
+    (cd /tmp && PYTHONPATH=/tmp/peers:${PYTHONPATH:-} HF_HUB_OFFLINE=1 UNSLOTH_DISABLE_STATISTICS=1 \
+      timeout -k 20 "${LIMIT:-150}" python3 "$here/benchmarks/peers.py" run "$@" --data /tmp/peers_data.json \
+      --out "$out/peers.jsonl") > "$OUT/peer_$name.log" 2>&1
+    echo "$name exit $?: $(tail -c 300 "$OUT/peer_$name.log" | tr '\n' ' ')"; peers_table; }
   dsnb_peer() { local name=$1 limit=$2; shift 2
     TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_$name timeout "$limit" python3 -m dsnb run "$@" --tracking_uri "$DB" \
       --run_name "$name" > "$OUT/$name.log" 2>&1
-    echo "$name exit $?: $(grep -E '^  speed' "$OUT/$name.log")"; }
-  if [[ "${PARTS:-b8 packed}" == *b8* ]]; then
+    echo "$name exit $?: $(grep -E '^  speed' "$OUT/$name.log")"; peers_table; }
+  if [[ "${PARTS:-b8}" == *b8* ]]; then
     for p in hf_compile trl_liger unsloth; do peer "${p}_b8" "$p" --batch 8 --untimed 10 --steps 30; done
-    dsnb_peer dsnb_fast_compiled_b8 240 $(bench_flags fast_compiled 10 30)
+    dsnb_peer dsnb_fast_compiled_b8 200 $(bench_flags fast_compiled 10 30)
   fi
-  if [[ "${PARTS:-b8 packed}" == *packed* ]]; then
+  if [[ "${PARTS:-b8}" == *packed* ]]; then
     for p in trl_liger unsloth; do peer "${p}_packed" "$p" --batch 12 --packed --untimed 5 --steps 20; done
-    dsnb_peer dsnb_throughput_cold 300 $(bench_flags throughput_compiled 8 12)
+    dsnb_peer dsnb_throughput_cold 240 $(bench_flags throughput_compiled 8 12)
   fi
-  dump peers
-  python3 benchmarks/peers.py table "$OUT/peers.jsonl" "$OUT/runs_peers.jsonl" | tee "$OUT/peers.md"
+  cat "$OUT/peers.md"
   ;;
 matmuls)  # the 3B layer's matmuls at the throughput mode's 12,288 tokens: the MFU ceiling of matmuls alone
   timeout 120 python3 benchmarks/matmul_shapes.py > "$OUT/matmul_shapes_h200.json"; echo "matmul_shapes exit $?"
@@ -440,7 +446,7 @@ t4pad)  # why 8-bit weights padded per batch took longer a step than padded to 5
   dump t4pad
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|fp8quality|matmuls|peers|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
   exit 2
   ;;
 esac

@@ -17,13 +17,13 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
 python3 -m pip download -q "${plat[@]}" --no-deps -d "$tmp" \
   "trl==1.15.*" "liger-kernel==0.8.*" "unsloth==2026.10.9" "unsloth_zoo==2026.10.9" "datasets==4.8.*" \
   tyro docstring-parser typeguard shtab torchao cut-cross-entropy hf-transfer msgspec structlog json5 nest-asyncio \
-  "dill<0.4.1" "multiprocess<0.70.19" 2>&1 | grep -v "is ignored" || true
+  "dill<0.4.1" "multiprocess<0.70.19" 2>&1 | { grep -v "is ignored" || true; }
 mkdir -p "$dest"
 rm -f "$dest"/*.whl
 python3 - "$tmp" "$dest" <<'PY'
 import os, sys, zipfile
 src, dest = sys.argv[1:]
-drop = {"unsloth": ("studio/",), "unsloth_zoo": ("unsloth_zoo/mlx/",)}
+drop = {"unsloth": ("studio/",)}  # unsloth_zoo/mlx stays: unsloth_zoo imports it on every platform
 total = 0
 for f in sorted(os.listdir(src)):
     out = os.path.join(dest, f)

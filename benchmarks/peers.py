@@ -13,11 +13,13 @@ seed, for the same untimed and timed steps, each in its own process (gpu_runs.sh
   trl_liger   TRL's SFTTrainer with use_liger_kernel=True: Liger's fused RMSNorm, rotary and SwiGLU, and TRL's own
               chunked LM head and loss (TRL 1.15 turns Liger's fused linear cross-entropy off for it; its newer
               "use_kernels" fetches kernels from the hub, which the GPU machine cannot reach); --packed: TRL's packing
-              (best-fit rows of --max_length tokens, padding-free, through SDPA: flash-attention is not installed)
+              (best-fit rows of --max_length tokens, padding-free, through SDPA, flash-attention not being installed:
+              transformers masks each row's samples apart but attends over the whole flattened batch)
   unsloth     Unsloth's FastLanguageModel and its SFTTrainer, LoRA dropout 0 (its fast LoRA path needs it: the others
-              keep the tutorial's 0.05); --packed as TRL
+              keep the tutorial's 0.05), its batches padding-free by default (attention per sample); --packed as TRL
 Gradient checkpointing is off for every peer (TRL's and Unsloth's defaults turn it on to save memory; the 3B LoRA fits
-the GPU without it, and dsnb does not recompute either), so the table compares speed at equal work.
+the GPU without it, and dsnb does not recompute either), and every peer steps the same AdamW (training_args), so the
+table compares speed at equal work; its "samples a batch as" column says how each laid out its batches.
 
 Timing: the timed steps' wall time between a synchronize before the first timed step and one after the last (a
 TrainerCallback); samples and real (non-padding) tokens counted from the batches the collator built for exactly those
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -51,10 +54,10 @@ def make_data(out: str, model: str, num_samples: int, max_length: int) -> None:
     source, folder = resolve_model(cfg.model), os.path.abspath(out + ".model")
     tokenizer = load_tokenizer(cfg)
     os.makedirs(folder, exist_ok=True)
+    tokenizer.save_pretrained(folder)  # first: a link to a tokenizer file of the model would write into dsnb's cache
     for name in os.listdir(source):
         if not os.path.exists(os.path.join(folder, name)):
             os.symlink(os.path.join(source, name), os.path.join(folder, name))
-    tokenizer.save_pretrained(folder)
     ids = list(build_dataset(cfg, tokenizer)["input_ids"])
     with open(out, "w") as f:
         json.dump({"model": folder, "input_ids": ids}, f)
@@ -108,9 +111,13 @@ def callback(untimed: int, timed: int, clock: dict):
 
 
 def training_args(a, cls, **extra):
+    """The same optimizer and schedule for every peer (Unsloth's own defaults differ: 8-bit AdamW, weight decay,
+    warm-up): AdamW in fp32 states, fused on the GPU, no weight decay or warm-up."""
     return cls(output_dir=f"/tmp/peers_{a.peer}", max_steps=a.untimed + a.steps, per_device_train_batch_size=a.batch,
                gradient_accumulation_steps=1, learning_rate=2e-4, bf16=True, logging_steps=1, save_strategy="no",
-               report_to="none", seed=42, dataloader_num_workers=0, use_cpu=device() == "cpu", **extra)
+               report_to="none", seed=42, dataloader_num_workers=0, use_cpu=device() == "cpu",
+               optim="adamw_torch_fused" if device() == "cuda" else "adamw_torch", weight_decay=0.0, warmup_steps=0,
+               **extra)
 
 
 def sft_args(a, **extra):
@@ -190,6 +197,8 @@ def measure(a, record: dict) -> None:
     clock: dict = {}
     trainer.add_callback(callback(a.untimed, a.steps, clock))
     trainer.train()
+    layout = (f"packed rows of {a.max_length}" if a.packed else
+              "padding-free" if getattr(trainer.args, "padding_free", False) else "padded per batch")
     seconds = clock["end"] - clock["start"]
     samples, tokens = (sum(x) for x in zip(*counter.batches[a.untimed:a.untimed + a.steps], strict=True))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -198,7 +207,8 @@ def measure(a, record: dict) -> None:
     name = torch.cuda.get_device_name() if gpu else "cpu"
     peak = next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
     memory = lambda f: f() / 2**20 if gpu else None  # noqa: E731
-    record.update(status="FINISHED", batches=counter.batches, seconds=seconds, samples=samples, real_tokens=tokens,
+    record.update(status="FINISHED", layout=layout, batches=counter.batches, seconds=seconds, samples=samples,
+                  real_tokens=tokens,
                   samples_per_second=samples / seconds, tokens_per_second=tokens / seconds,
                   mfu=tokens / seconds * per_token / peak if peak else None, trainable_params=trainable,
                   flops_per_token=per_token, gpu=name, last_loss=clock.get("loss"),
@@ -206,17 +216,31 @@ def measure(a, record: dict) -> None:
                   peak_gpu_reserved_mb=memory(torch.cuda.max_memory_reserved))
 
 
+def write(record: dict, out: str) -> None:
+    with open(out, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+
+
 def run(a) -> int:
     record = {"peer": a.peer, "batch": a.batch, "packed": a.packed, "max_length": a.max_length,
               "untimed_steps": a.untimed, "timed_steps": a.steps, "versions": versions()}
+
+    def stopped(signum, frame):
+        """`timeout` in gpu_runs.sh: the peer recorded FAILED and gone at once (an exception raised here could be
+        caught and passed over by the library it lands in: the stopped test saw compiling go on)."""
+        record.update(status="FAILED", error="stopped by the call's time limit (SIGTERM)")
+        write(record, a.out)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, stopped)
     try:
         measure(a, record)
     except Exception as error:  # a peer that fails is a result too: recorded with what it said
         traceback.print_exc()
         record.update(status="FAILED", error=f"{type(error).__name__}: {str(error)[:400]}")
-    with open(a.out, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    print(json.dumps(record))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    write(record, a.out)
     return 0 if record["status"] == "FINISHED" else 1
 
 
@@ -225,23 +249,27 @@ def dsnb_rows(path: str) -> list[dict]:
     rows = []
     for line in open(path):
         r = json.loads(line)
+        if not r["name"].startswith("dsnb_"):  # another stage's run in the machine's store
+            continue
         m, packed = r["metrics"], "throughput" in r["name"]  # the stage's: dsnb_fast_compiled_b8, dsnb_throughput_cold
-        rows.append({"peer": r["name"], "batch": 12 if packed else 8, "packed": packed, "status": r["status"],
+        rows.append({"peer": r["name"], "batch": 12 if packed else 8, "status": r["status"], "error": r.get("failure"),
+                     "layout": "filled rows of 1024" if packed else "padded to a multiple of 64",
                      "samples_per_second": m.get("samples_per_second"), "tokens_per_second": m.get("tokens_per_second"),
                      "mfu": m.get("mfu"), "peak_gpu_allocated_mb": m.get("peak_gpu_allocated_mb")})
     return rows
 
 
 def table(paths: list[str]) -> str:
-    rows = [json.loads(line) for line in open(paths[0])]
+    rows = [json.loads(line) for line in open(paths[0])] if os.path.exists(paths[0]) else []
     for path in paths[1:]:
-        rows += dsnb_rows(path)
-    out = ["| run | batch | packed | samples/s | real tokens/s | MFU | peak allocated MB | status |",
+        rows += dsnb_rows(path) if os.path.exists(path) else []
+    out = ["| run | batch | samples a batch as | samples/s | real tokens/s | MFU | peak allocated MB | status |",
            "|---|---|---|---|---|---|---|---|"]
     num = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     for r in rows:
         status = r["status"] + (f": {r['error'][:160]}" if r.get("error") else "")
-        out.append(f"| {r['peer']} | {r['batch']} | {'yes' if r['packed'] else 'no'} "
+        layout = r.get("layout") or ("packed" if r.get("packed") else "-")
+        out.append(f"| {r['peer']} | {r['batch']} | {layout} "
                    f"| {num(r.get('samples_per_second'), ',.1f')} | {num(r.get('tokens_per_second'), ',.0f')} "
                    f"| {num(r.get('mfu'), '.2%')} | {num(r.get('peak_gpu_allocated_mb'), ',.0f')} | {status} |")
     return "\n".join(out)

@@ -6,6 +6,7 @@ the quick test on the collator the HF Trainer peer uses, the slow one through a 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ def test_the_data_is_dsnbs_unpadded_samples_with_a_loadable_model_and_tokenizer(
     tokenizer = AutoTokenizer.from_pretrained(d["model"])
     assert all(ids[-1] == tokenizer.eos_token_id for ids in d["input_ids"])
     assert AutoConfig.from_pretrained(d["model"]).model_type == "llama"
+    folder = Path(d["model"])  # the weights linked from dsnb's cache, the tokenizer written beside them, not into it
+    assert (folder / "model.safetensors").is_symlink() and not (folder / "tokenizer.json").is_symlink()
 
 
 def test_the_counter_counts_real_tokens_of_padded_batches_not_the_padding(data):
@@ -55,7 +58,19 @@ def test_a_failed_peer_is_a_row_with_its_error(tmp_path):
     path.write_text(json.dumps({"peer": "unsloth", "batch": 8, "packed": False, "status": "FAILED",
                                 "error": "NotImplementedError: no GPU"}) + "\n")
     row = peers.table([str(path)]).splitlines()[-1]
-    assert row.startswith("| unsloth | 8 | no | - | - | - | - | FAILED: NotImplementedError: no GPU")
+    assert row.startswith("| unsloth | 8 | - | - | - | - | - | FAILED: NotImplementedError: no GPU")
+
+
+def test_a_peer_stopped_by_the_calls_time_limit_is_recorded_failed_with_why(data, tmp_path):
+    path, _ = data
+    out = tmp_path / "r.jsonl"
+    peer = subprocess.Popen([sys.executable, str(PEERS), "run", "hf_compile", "--data", str(path), "--out", str(out)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(8)  # loading or compiling, as a 10-minute call's `timeout` finds a slow peer
+    peer.terminate()
+    assert peer.wait(timeout=60) == 1
+    record = json.loads(out.read_text())
+    assert record["status"] == "FAILED" and "time limit" in record["error"], record
 
 
 @pytest.mark.slow
