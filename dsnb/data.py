@@ -154,6 +154,9 @@ def file_records(path: str, n: int | None, skip: int = 0) -> tuple[list[dict], s
     except UnicodeDecodeError as e:  # a Parquet string column holding bytes that are not UTF-8
         raise ConfigError(f"dataset file {path} holds text that is not valid UTF-8 ({describe(e)}); "
                           "save it as UTF-8") from None
+    except ValueError as e:  # rows that Arrow read but cannot hand out, e.g. keys "" and "\0" in one object
+        raise ConfigError(f"dataset file {path}'s rows could not be read ({describe(e)}); give each row the fields "
+                          "question and answers (with text), each key once") from None
 
 
 def file_dataset(path: str):
