@@ -486,6 +486,7 @@ class RunConfig:
         values = {**values, **merged}
         folder = values.get("results_folder")
         if folder and isinstance(folder, str):  # the store and the runs' folders inside it, unless set
+            values["results_folder"] = folder = os.path.expanduser(folder)  # "~/dsnb": the home's, not a "~" folder
             values.setdefault("tracking_uri", f"sqlite:///{os.path.join(folder, 'mlflow.db')}")
             values.setdefault("output_dir", os.path.join(folder, "runs"))
         return cls(**values)

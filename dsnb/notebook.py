@@ -26,7 +26,8 @@ def from_notebook(namespace: dict, check: bool = True) -> RunConfig:
     offline = offline_requested()
     cfg = RunConfig.layered(explicit_parameters(namespace), offline=offline)
     on_colab, on_kaggle = "COLAB_RELEASE_TAG" in os.environ, KAGGLE in os.environ
-    if on_colab and cfg.results_folder.startswith(DRIVE):
+    # on Drive: "/content/drive/MyDrive/dsnb", or "drive/MyDrive/dsnb" from Colab's working directory /content
+    if on_colab and cfg.results_folder and os.path.abspath(cfg.results_folder).startswith(DRIVE):
         mount_drive()
     if not check:
         return cfg

@@ -230,8 +230,15 @@ def logged_params(cfg: RunConfig) -> dict[str, str]:
 def same_config(run, cfg: RunConfig) -> bool:
     """Whether an MLflow run was started with cfg (its other params are measurements): every field but where runs are
     kept (config.PLACES: another spelling of results_folder finds the same runs) and how many repeats a comparison
-    asks for (which changes no run)."""
-    return all(run.data.params.get(k) == v for k, v in logged_params(cfg).items() if k not in (*PLACES, "repeats"))
+    asks for (which changes no run). A field the run has no param for (it was made by an earlier dsnb, before the
+    field existed) counts as the field's default: a new runtime that installs a newer dsnb finds the finished runs
+    again, unless cfg sets the new field otherwise. A run with no config logged at all (killed as it opened) is
+    nobody's."""
+    params = run.data.params
+    if "model" not in params:
+        return False
+    defaults = logged_params(RunConfig())
+    return all(params.get(k, defaults[k]) == v for k, v in logged_params(cfg).items() if k not in (*PLACES, "repeats"))
 
 
 HEARTBEAT_S = 30  # a training process tags its run this often (dsnb.alive), so a run whose machine is gone shows

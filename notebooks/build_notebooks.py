@@ -49,13 +49,16 @@ import glob, os, subprocess, sys
 colab = bool(os.environ.get("COLAB_RELEASE_TAG"))
 if (colab or os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) and not os.path.isfile("dsnb_setup.log"):{gpu}
     source = DSNB_SOURCE or os.environ.get("DSNB_SOURCE")
-    uploads = sorted(glob.glob("/content/dsnb*.whl") + glob.glob("/content/dsnb*.zip")
-                     + glob.glob("/kaggle/input/*/dsnb*.whl") + glob.glob("/kaggle/input/*/dsnb*.zip"))
+    # dsnb's wheel (dsnb-0.1.0-...whl) or the repository's zip (dsnb-main.zip), not what dsnb writes (dsnb_mlflow.zip)
+    found = lambda *folders: sorted(p for f in folders for p in glob.glob(f + "/dsnb*.*")
+                                    if p.endswith((".whl", ".zip")) and not os.path.basename(p).startswith("dsnb_"))
+    uploads = found("/content", "/kaggle/input/*")
     if colab and not (source or uploads):  # one kept on Drive: a new runtime has not mounted it yet
         from google.colab import drive
         drive.mount("/content/drive")
-        uploads = sorted(glob.glob("/content/drive/MyDrive/dsnb*.whl") + glob.glob("/content/drive/MyDrive/dsnb*.zip"))
+        uploads = found("/content/drive/MyDrive")
     source = source or (uploads[-1] if uploads else "{SOURCE}")
+    print(f"installing dsnb from {{source}}, then {what} ...", flush=True)
     env, log = {{**os.environ, "PIP_ROOT_USER_ACTION": "ignore", "GIT_TERMINAL_PROMPT": "0"}}, ""
     for step in (["pip", "install", "-q", "--disable-pip-version-check", "--no-deps", source], {steps}):
         run = subprocess.Popen([sys.executable, "-m", *step], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -267,19 +270,24 @@ NOTEBOOKS = {"01_deepspeed_vs_baseline.ipynb": notebook_01, "02_zero_stages.ipyn
              "03_compare_runs.ipynb": notebook_03}
 
 
+def notebook(name: str):
+    """The notebook `name` as this file writes it, outputs empty."""
+    nb = new_notebook(cells=NOTEBOOKS[name]())
+    nb.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
+                       language_info={"name": "python"})
+    if name != "03_compare_runs.ipynb":  # the Colab badge opens a T4 runtime (notebook 03 only reads a store)
+        nb.metadata.update(accelerator="GPU", colab={"provenance": [], "gpuType": "T4"},
+                           kaggle={"accelerator": "nvidiaTeslaT4", "isGpuEnabled": True, "isInternetEnabled": True,
+                                   "language": "python", "sourceType": "notebook"})
+    if name == "03_compare_runs.ipynb":
+        nb.cells[3].source = nb.cells[3].source.replace("memory_budget_gb: float = 0.0",
+                                                        "memory_budget_gb: float = 15.0")
+    return nb
+
+
 def main():
-    for name, build in NOTEBOOKS.items():
-        nb = new_notebook(cells=build())
-        nb.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
-                           language_info={"name": "python"})
-        if name != "03_compare_runs.ipynb":  # the Colab badge opens a T4 runtime (notebook 03 only reads a store)
-            nb.metadata.update(accelerator="GPU", colab={"provenance": [], "gpuType": "T4"},
-                               kaggle={"accelerator": "nvidiaTeslaT4", "isGpuEnabled": True, "isInternetEnabled": True,
-                                       "language": "python", "sourceType": "notebook"})
-        if name == "03_compare_runs.ipynb":
-            nb.cells[3].source = nb.cells[3].source.replace("memory_budget_gb: float = 0.0",
-                                                            "memory_budget_gb: float = 15.0")
-        nbformat.write(nb, os.path.join(HERE, name))
+    for name in NOTEBOOKS:
+        nbformat.write(notebook(name), os.path.join(HERE, name))
     if "--execute" in sys.argv:
         import tempfile
 

@@ -289,10 +289,17 @@ def test_the_install_plan_resolves_against_colabs_packages_and_changes_none(tmp_
 @pytest.mark.integration
 def test_a_dsnb_wheel_on_drive_is_found_in_a_new_runtime(tmp_path):
     """After a disconnect Drive is not mounted: the setup cell mounts it before it looks for the wheel kept there
-    (Colab's drive module stands in as one that shows MyDrive once mount is called; /content is a folder here)."""
+    (Colab's drive module stands in as one that shows MyDrive once mount is called; /content is a folder here). The
+    store's zip that notebook 03 asks to upload to /content, and those dsnb writes beside a results folder on MyDrive,
+    are no install source."""
+    import zipfile
+
     content, drive = tmp_path / "content", tmp_path / "drive-files"
     (drive / "MyDrive").mkdir(parents=True)
     content.mkdir()
+    for store_zip in (content / "dsnb_mlflow.zip", drive / "MyDrive" / "dsnb_mlflow-2.zip"):
+        with zipfile.ZipFile(store_zip, "w") as z:
+            z.writestr("mlflow.db", "")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT), "-w",
                     str(drive / "MyDrive")], check=True, capture_output=True, timeout=600)
     fake = tmp_path / "colab-module" / "google" / "colab"
@@ -310,6 +317,7 @@ def test_a_dsnb_wheel_on_drive_is_found_in_a_new_runtime(tmp_path):
                           text=True, timeout=1200, env={**env, "COLAB_RELEASE_TAG": "rehearsal",
                                                         "PYTHONPATH": str(fake.parent.parent)})
     wheel = next((drive / "MyDrive").glob("dsnb-*.whl")).name
+    assert done.stdout.startswith(f"installing dsnb from {content}/drive/MyDrive/{wheel}, then "), done.stdout[:500]
     assert f"dsnb set up from {content}/drive/MyDrive/{wheel}" in done.stdout, done.stdout[-3000:] + done.stderr
     where = subprocess.run([python, "-c", "import dsnb; print(dsnb.__file__)"], capture_output=True, text=True,
                            cwd=tmp_path, env={k: v for k, v in env.items() if k != "PYTHONPATH"}).stdout

@@ -31,6 +31,16 @@ def parameters_cell(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_the_committed_notebooks_hold_the_cells_build_notebooks_writes(name, monkeypatch):
+    """A change to notebooks/build_notebooks.py reaches the committed notebooks (whose outputs nbval checks)."""
+    monkeypatch.syspath_prepend(str(NOTEBOOKS))
+    import build_notebooks
+
+    built, committed = build_notebooks.notebook(name), nbformat.read(NOTEBOOKS / name, 4)
+    assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in built.cells]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_parameters_are_literal_run_config_fields(name):
     tree = ast.parse(parameters_cell(name))
     defaults = RunConfig().to_dict()
@@ -115,6 +125,30 @@ def test_on_kaggle_the_hub_token_comes_from_its_secrets_and_the_first_cell_names
     monkeypatch.chdir(tmp_path)
     from_notebook({"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})
     assert 'results_folder = "/kaggle/working/dsnb" keeps the store and checkpoints there' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("folder", ["drive/MyDrive/dsnb", "/content/drive/MyDrive/dsnb/", "~/dsnb"])
+def test_on_colab_a_results_folder_on_drive_mounts_drive_however_it_is_spelled(folder, tmp_path, monkeypatch):
+    """Colab's working directory is /content: "drive/MyDrive/dsnb" is on Drive as much as the absolute path, and Drive
+    is mounted before the store is made there (else the store lands in the mount point, which a later mount refuses).
+    "~/dsnb" is the home's dsnb folder, not a folder named "~" (a stand-in for google.colab's drive records mounts)."""
+    import types
+
+    from dsnb import notebook
+
+    content, home, mounted = tmp_path / "content", tmp_path / "home", []
+    content.mkdir()
+    monkeypatch.setattr(notebook, "DRIVE", str(content / "drive"))
+    monkeypatch.setitem(sys.modules, "google.colab", types.SimpleNamespace(drive=types.SimpleNamespace(
+        mount=mounted.append)))
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "rehearsal")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(content)
+    cfg = notebook.from_notebook({"results_folder": folder.replace("/content", str(content))}, check=False)
+    assert mounted == ([] if folder.startswith("~") else [str(content / "drive")])
+    if folder.startswith("~"):
+        assert cfg.results_folder == str(home / "dsnb")
+        assert cfg.tracking_uri == f"sqlite:///{home}/dsnb/mlflow.db" and cfg.output_dir == f"{home}/dsnb/runs"
 
 
 @pytest.mark.integration

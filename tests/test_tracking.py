@@ -385,3 +385,24 @@ def test_the_stores_zip_lands_beside_the_store(workdir):
                                str(workdir / "results" / "dsnb_mlflow-2.zip"))
     assert os.listdir(workdir / "drive") == ["dsnb_mlflow-2.zip"]
     assert not list(workdir.glob("*.zip")) and "mlflow.db" in zipfile.ZipFile(second).namelist()
+
+
+def test_a_run_of_an_earlier_dsnb_without_a_newer_field_is_found_again_while_that_field_keeps_its_default(workdir):
+    """A new runtime installs the newest dsnb: the finished runs of an earlier one, which logged no param for a field
+    added since, are the same config while cfg leaves that field at its default, and another config where it does not;
+    a run killed before its config was logged is nobody's."""
+    from mlflow.entities import Param
+
+    from dsnb.tracking import logged_params, same_config
+
+    cfg = RunConfig(**OFFLINE, tracking_uri=f"sqlite:///{workdir}/mlflow.db", run_name="older")
+    client = mlflow_client(cfg.tracking_uri)
+    experiment = client.create_experiment("older")
+    older = client.create_run(experiment, run_name="older").info.run_id
+    client.log_batch(older, params=[Param(k, v) for k, v in logged_params(cfg).items() if k != "checkpoint_minutes"])
+    run = client.get_run(older)
+    assert same_config(run, cfg)
+    assert not same_config(run, cfg.replace(checkpoint_minutes=cfg.checkpoint_minutes + 5))
+    assert not same_config(run, cfg.replace(lora_r=cfg.lora_r * 2))  # a field the run did log still decides
+    bare = client.get_run(client.create_run(experiment, run_name="older").info.run_id)
+    assert not same_config(bare, cfg)
