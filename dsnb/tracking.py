@@ -511,7 +511,15 @@ def show_ui(tracking_uri: str, port: int = 5000):
         print(f"Open the runs side by side: {ui_command(uri, port=port)}")
         return None
     port = free_port(port)  # a UI already serving another store there (notebook 01's, say) would be framed instead
-    start_ui(uri, port)
+    print(f"starting the MLflow UI on port {port} (a minute or more on 2 cores) ...", flush=True)
+    server = start_ui(uri, port)
+    if not ui_answers(port):  # a frame of a port nobody serves is a blank box: say why, and how to open it instead
+        why = f"it exited with code {server.returncode}" if server.poll() is not None else \
+            f"it did not answer in {UI_WAIT_S} s"
+        tail = " | ".join(open(ui_log(port), errors="replace").read().strip().splitlines()[-3:])
+        print(f"The MLflow UI did not start ({why}{': ' + tail if tail else ''}); its log: {ui_log(port)}. "
+              f"Run this cell again, or open it with: {ui_command(uri, port=port)}")
+        return None
     return output.serve_kernel_port_as_iframe(port, height=800)
 
 
@@ -543,20 +551,35 @@ def ui_server_command(tracking_uri: str, port: int) -> list[str]:
             "--x-frame-options", "NONE"]
 
 
-def start_ui(tracking_uri: str, port: int, wait_s: float = 60):
-    """ui_server_command started in a session of its own (it outlives the cell), once it answers (or wait_s passed)."""
-    import subprocess
+UI_WAIT_S = 180  # how long show_ui waits for `mlflow ui` to answer (a loaded 2-core machine took over a minute)
+
+
+def ui_log(port: int) -> str:
+    """Where the output of the `mlflow ui` that start_ui starts on `port` goes."""
+    return os.path.join(tempfile.gettempdir(), f"dsnb_mlflow_ui_{port}.log")
+
+
+def ui_answers(port: int) -> bool:
     import urllib.request
 
-    server = subprocess.Popen(ui_server_command(tracking_uri, port), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def start_ui(tracking_uri: str, port: int, wait_s: float = UI_WAIT_S):
+    """ui_server_command started in a session of its own (it outlives the cell), its output in ui_log(port);
+    returned once it answers, exits, or wait_s passed."""
+    import subprocess
+
+    with open(ui_log(port), "w") as log:
+        server = subprocess.Popen(ui_server_command(tracking_uri, port), stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + wait_s
-    while time.time() < deadline and server.poll() is None:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.5)
+    while time.time() < deadline and server.poll() is None and not ui_answers(port):
+        time.sleep(0.5)
     return server
 
 

@@ -159,3 +159,46 @@ def test_a_port_taken_by_another_ui_is_passed_over():
         taken.listen()
         port = taken.getsockname()[1]
         assert free_port(port) > port
+
+
+def colab_output(monkeypatch) -> list:
+    """A stand-in for google.colab.output: the ports show_ui asks it to frame."""
+    import sys
+    import types
+
+    framed = []
+    output = types.SimpleNamespace(serve_kernel_port_as_iframe=lambda port, height: framed.append(port) or port)
+    monkeypatch.setitem(sys.modules, "google.colab", types.SimpleNamespace(output=output))
+    return framed
+
+
+def test_on_colab_a_ui_that_does_not_start_is_said_with_why_and_no_blank_frame(tmp_path, monkeypatch, capsys):
+    """A server that exits (here a stand-in command for `mlflow ui` that fails as a broken install would) is not framed:
+    the cell says why, from the server's own output, and the command that opens the UI."""
+    import sys
+
+    from dsnb import tracking
+
+    uri, _, _ = store_with_a_run(tmp_path)
+    framed = colab_output(monkeypatch)
+    monkeypatch.setattr(tracking, "ui_server_command", lambda uri, port: [
+        sys.executable, "-c", "import sys; print('ModuleNotFoundError: no module named uvicorn'); sys.exit(3)"])
+    assert tracking.show_ui(uri, port=free_port()) is None and framed == []
+    out = capsys.readouterr().out
+    assert "The MLflow UI did not start (it exited with code 3: ModuleNotFoundError: no module named uvicorn)" in out
+    assert "mlflow ui --backend-store-uri" in out
+
+
+@pytest.mark.integration
+def test_on_colab_show_ui_frames_the_port_its_server_answers_on(tmp_path, monkeypatch):
+    from dsnb.tracking import show_ui
+
+    uri, _, _ = store_with_a_run(tmp_path)
+    framed = colab_output(monkeypatch)
+    port = show_ui(uri, port=free_port())
+    try:
+        assert framed == [port] and fetch(port, "/health")[0] == 200
+    finally:
+        for conn in psutil.net_connections("tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                os.killpg(os.getpgid(conn.pid), signal.SIGKILL)
