@@ -14,6 +14,8 @@
 #   OUT=out bash benchmarks/gpu_runs.sh fp8quality   # LoRA on fp8 base weights against bf16 ones on the quality task:
 #                                                    # held-out exact match and F1, REPEATS (4) of each, interleaved
 #                                                    # (benchmarks/fp8_quality.py)
+#   OUT=out bash benchmarks/gpu_runs.sh fp8head      # the LM head in fp8 too (throughput_levers.py fp8head) beside
+#                                                    # bf16's throughput mode (LEVERS="fp8 fp8head": beside fp8's)
 #   OUT=out bash benchmarks/gpu_runs.sh matmuls      # the throughput mode's frozen-weight matmuls alone, separate and
 #                                                    # fused (q/k/v, gate/up), cuBLAS bf16 (benchmarks/matmul_shapes.py)
 #   OUT=out bash benchmarks/gpu_runs.sh peers        # HF Trainer + compile, TRL + Liger and Unsloth on the bench's task
@@ -176,6 +178,17 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
     dsnb_peer dsnb_throughput_cold 240 $(bench_flags throughput_compiled 8 12)
   fi
   cat "$OUT/peers.md"
+  ;;
+fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) beside the bf16 throughput mode in one call,
+  # each a fresh process from a cold compile cache: LEVERS="now fp8head" (default) for the ratio to bf16, then
+  # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss
+  prebuild synthetic:llama-3.2-3b
+  for lever in ${LEVERS:-now fp8head}; do
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_lever_$lever timeout 280 python3 benchmarks/throughput_levers.py "$lever" \
+      --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_$lever.log" 2>&1
+    echo "$lever exit $?: $(tail -1 "$OUT/lever_$lever.log")"
+  done
+  dump fp8head
   ;;
 matmuls)  # the 3B layer's matmuls at the throughput mode's 12,288 tokens: the MFU ceiling of matmuls alone
   timeout 120 python3 benchmarks/matmul_shapes.py > "$OUT/matmul_shapes_h200.json"; echo "matmul_shapes exit $?"
@@ -446,7 +459,7 @@ t4pad)  # why 8-bit weights padded per batch took longer a step than padded to 5
   dump t4pad
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|fp8quality|matmuls|peers|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|fp8quality|fp8head|matmuls|peers|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
   exit 2
   ;;
 esac

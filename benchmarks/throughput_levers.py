@@ -16,6 +16,10 @@ LEVER is one of:
   now      the bench's throughput_compiled as it is (12 rows of 1024 tokens, the passage prompt), LoRA's dropout masks
            drawn by dsnb's own kernel, four to a Philox call (dsnb/dropout.py)
   inddrop  now with inductor's dropout instead, one Philox call an element inside the kernel that uses the mask
+  fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head)
+  fp8head  fp8 with the LM head in fp8 too (issue 38's 1.3x: the head is ~12% of the step's matmul FLOPs, and its
+           logits' matmul stays bf16 in fp8; Llama 3.2's head is its input embedding: the head gets an fp8 copy, the
+           embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)
 
 Prints (and with --out appends) one JSON line: the lever, samples/s, real tokens/s, MFU, step time and mean loss
@@ -31,7 +35,8 @@ def main() -> None:
     from dsnb.bench import bench_configs
 
     p = argparse.ArgumentParser()
-    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop"))
+    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "fp8",
+                                     "fp8head"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -42,6 +47,10 @@ def main() -> None:
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
     if a.lever in ("now", "inddrop"):
         return record(a, train.train(cfg.replace(dropout_kernel=a.lever == "now")))
+    if a.lever in ("fp8", "fp8head"):
+        if a.lever == "fp8head":
+            head_in_fp8()
+        return record(a, train.train(cfg.replace(quantization="fp8")))
     cfg = cfg.replace(max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
                       prompt="eos")  # as the first levers were measured: closed-book samples, rows of 512
     if a.lever in ("base", "flex", "cdt", "rows256"):  # 256 samples a step (offline 16), packed as a batch needs
@@ -56,6 +65,22 @@ def main() -> None:
     elif a.lever == "rows256":
         cfg = cfg.replace(max_length=256)
     record(a, train.train(cfg))
+
+
+def head_in_fp8() -> None:
+    """dsnb's fp8 quantization (dsnb.fp8.quantize_linears, which model.load_model calls) with the LM head made an
+    Fp8Linear too, untied from the input embedding (which keeps its bf16 weight for the lookup)."""
+    from dsnb import fp8
+
+    every_linear_but_the_head = fp8.quantize_linears
+
+    def with_head(model) -> int:
+        count = every_linear_but_the_head(model)
+        model.config.tie_word_embeddings = False  # a later tie_weights() would put the bf16 embedding back in the head
+        model.set_output_embeddings(fp8.Fp8Linear(model.get_output_embeddings()))
+        return count + 1
+
+    fp8.quantize_linears = with_head
 
 
 def record(a, metrics: dict) -> None:

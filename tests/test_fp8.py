@@ -264,3 +264,24 @@ def test_an_fp8_runs_mfu_says_it_is_of_bf16s_peak_where_a_person_reads_it():
         for text in texts:
             assert ("% of bf16's peak (fp8 weights: bf16-equivalent" in text) == (quantization == "fp8"), text
             assert "MFU 62.0" in text, text
+
+
+def test_the_fp8head_lever_gives_the_head_an_fp8_copy_and_keeps_the_embedding(monkeypatch):
+    """benchmarks/throughput_levers.py fp8head (issue 38's candidate for 1.3x, measured on the GPU): the LM head of a
+    tied model becomes an Fp8Linear of its own while the input embedding keeps its bf16 weight, and the logits stay
+    within e4m3's rounding of the bf16 model's (emulated here, the GPU's math)."""
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent.parent / "benchmarks"))
+    import throughput_levers
+
+    monkeypatch.setattr(fp8, "quantize_linears", fp8.quantize_linears)  # put back after the lever replaces it
+    reference, base_only, with_head = tiny(176), tiny(176), tiny(176)
+    fp8.quantize_linears(base_only)
+    throughput_levers.head_in_fp8()
+    assert fp8.quantize_linears(with_head) == 15
+    assert type(with_head.lm_head) is fp8.Fp8Linear and with_head.lm_head.weight.dtype == torch.uint8
+    assert torch.equal(with_head.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+    ids = torch.randint(2, with_head.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = {name: m(ids).logits for name, m in [("bf16", reference), ("fp8", base_only), ("head", with_head)]}
+    assert rel(logits["fp8"], logits["bf16"]) < 2 * E4M3_STEP
+    assert 0 < rel(logits["head"], logits["fp8"]) < 2 * E4M3_STEP  # the head's own rounding, no more
