@@ -156,11 +156,11 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
               "mfu_convention": "model FLOPs per real token (6N full, 4N + 6N_trainable LoRA; N = matmul weights) "
                                 "/ dense bf16 datasheet peak",
               "variants": rows}
-    os.makedirs(out_dir, exist_ok=True)
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(result))
+    os.makedirs(out_dir, exist_ok=True)  # each file whole, none over another's (a bench finished into --out meanwhile)
+    written = [preflight.write_new(stem + ".md", markdown(result)),
+               preflight.write_new(stem + ".json", json.dumps(result, indent=2))]
+    if written != [stem + ".md", stem + ".json"]:
+        print(f"{stem}.md or .json appeared while this bench ran; this one's result: {', '.join(written)}")
     return result
 
 

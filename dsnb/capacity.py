@@ -20,7 +20,7 @@ import os
 from .config import ConfigError, RunConfig, read_variants
 from .launch import run_all
 from .metrics import RULES, STATES, Budget, fit
-from .preflight import check_output_folder
+from .preflight import check_output_folder, write_new
 from .tracking import RunResult, mlflow_client
 
 def budgets_of(value, path: str) -> list[Budget]:
@@ -190,11 +190,10 @@ def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dic
         os.makedirs(out_dir, exist_ok=True)
         command = f"python -m dsnb capacity -f {path}" + (" --offline" if offline else "") + \
                   (f" --gpus {gpus}" if gpus > 1 else "") + (f" --only {only}" if only else "")
-        with open(outputs["md"], "w") as f:
-            f.write(markdown(table, fastest, command))
-        table.to_csv(outputs["csv"], index=False)
-        with open(outputs["png"], "wb") as f:
-            f.write(png)
+        written = [write_new(outputs["md"], markdown(table, fastest, command)),  # each whole, none over another's
+                   write_new(outputs["csv"], table.to_csv(index=False)), write_new(outputs["png"], png)]
+        if written != list(outputs.values()):
+            print(f"capacity files appeared in {out_dir} while this map ran; this one's: {', '.join(written)}")
     return table, fastest, png
 
 

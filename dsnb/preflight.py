@@ -498,6 +498,35 @@ def staged(dest: str):
             os.remove(part)
 
 
+def write_new(dest: str, data: str | bytes) -> str:
+    """data written to dest whole, and never over a file: staged beside it (staging_path), synced, then linked into
+    place, which fails where dest exists (another run finished into the same folder meanwhile): then to the first free
+    "name-2.ext", "name-3.ext" ... beside it. A kill while writing leaves no part of dest. Returns the path written."""
+    part = staging_path(dest)
+    stem, ext = os.path.splitext(dest)
+    try:
+        with open(part, "xb" if isinstance(data, bytes) else "x", **({} if isinstance(data, bytes) else
+                                                                     {"encoding": "utf-8"})) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        for n in range(1, 1000):
+            path = dest if n == 1 else f"{stem}-{n}{ext}"
+            try:
+                os.link(part, path)
+                return path
+            except FileExistsError:
+                continue
+            except OSError:  # a file system without hard links (some FUSE mounts): checked, then renamed
+                if not os.path.lexists(path):
+                    os.replace(part, path)
+                    return path
+        raise ConfigError(f"{dest} and 998 numbered copies beside it exist; give another folder")
+    finally:
+        if os.path.lexists(part):
+            os.remove(part)
+
+
 def newest_write(path: str) -> float:
     """The newest modification time of a file, or of a folder and everything in it."""
     times = [os.path.getmtime(path)]

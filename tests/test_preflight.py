@@ -261,3 +261,23 @@ time.sleep(60)
     finally:
         keeper.kill()
         keeper.wait()
+
+
+def test_write_new_writes_whole_never_over_a_file_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+    """bench's and capacity's result files: a file that appeared meanwhile (another bench into the same --out) is
+    kept, this result lands beside it numbered; a write that fails part way leaves no file and no staged part."""
+    from dsnb.preflight import write_new
+
+    dest = tmp_path / "nvidia_h200.json"
+    assert write_new(str(dest), '{"a": 1}') == str(dest) and dest.read_text() == '{"a": 1}'
+    assert write_new(str(dest), '{"b": 2}') == str(tmp_path / "nvidia_h200-2.json")
+    assert dest.read_text() == '{"a": 1}' and (tmp_path / "nvidia_h200-2.json").read_text() == '{"b": 2}'
+    assert write_new(str(tmp_path / "map.png"), b"\x89PNG") == str(tmp_path / "map.png")
+
+    def interrupted(fd):  # Ctrl-C after the bytes are written, before they are synced and published
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_new(str(tmp_path / "cut.md"), "x" * 10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.png", "nvidia_h200-2.json", "nvidia_h200.json"]
