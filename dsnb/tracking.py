@@ -606,9 +606,38 @@ def resumable_run(cfg: RunConfig) -> tuple[str, str]:
                       f"{cfg.output_dir}/ (set checkpoint_steps to save them); run without --resume")
 
 
+CHECKPOINT_FILES = "dsnb_files.json"  # in each checkpoint, written last: every file's size, checked before a resume
+
+
+def list_files(checkpoint: str) -> None:
+    """Into a checkpoint about to be published: the size of each of its files (CHECKPOINT_FILES)."""
+    sizes = {os.path.relpath(os.path.join(root, name), checkpoint): os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(checkpoint) for name in names}
+    with open(os.path.join(checkpoint, CHECKPOINT_FILES), "w") as f:
+        json.dump(sizes, f)
+
+
+def unreadable(checkpoint: str) -> str | None:
+    """Why a published checkpoint cannot be resumed from (a file missing or of another size than written, its state
+    unreadable: a machine that died as a synced file system flushed it, a hand that removed a file), or None."""
+    listed = os.path.join(checkpoint, CHECKPOINT_FILES)
+    sizes = read_json(listed) if os.path.exists(listed) else {}  # older checkpoints have no list: their state alone
+    if os.path.exists(listed) and not sizes:
+        return f"{CHECKPOINT_FILES} is unreadable"
+    for name, size in sizes.items():
+        path = os.path.join(checkpoint, name)
+        if not os.path.isfile(path) or os.path.getsize(path) != size:
+            return f"{name} is {os.path.getsize(path) if os.path.isfile(path) else 'missing'} bytes, {size} written"
+    if "global_step" not in read_json(os.path.join(checkpoint, "trainer_state.json")):
+        return "trainer_state.json is missing or unreadable"
+    return None
+
+
 def last_checkpoint(run, cfg: RunConfig) -> str | None:
     """The run's newest complete checkpoint under cfg.output_dir, if it has one; a ConfigError where the run was
-    started with another config, or its checkpoint leaves nothing to train."""
+    started with another config, or its checkpoint leaves nothing to train. A checkpoint that cannot be resumed from
+    (unreadable) is moved aside to CHECKPOINT.unreadable, said on stderr, and never tried again: the run's older one,
+    if any, is taken, else none (a comparison trains the variant afresh; run --resume finds nothing to resume)."""
     from transformers.trainer_utils import get_last_checkpoint
 
     folder = os.path.join(cfg.output_dir, run.info.run_id)
@@ -618,6 +647,14 @@ def last_checkpoint(run, cfg: RunConfig) -> str | None:
     if not same_config(run, cfg):
         raise ConfigError(f"run {cfg.name} ({run.info.run_id}) was started with another config; resume it "
                           "with the same fields, or drop --resume to start afresh")
+    why = unreadable(checkpoint)
+    if why:
+        aside = next(p for n in range(1, 1000) if not os.path.lexists(p := checkpoint + ".unreadable" +
+                                                                        (f"-{n}" if n > 1 else "")))
+        os.replace(checkpoint, aside)
+        print(f"dsnb: run {cfg.name} ({run.info.run_id}) cannot resume from {checkpoint}: {why}; moved aside to "
+              f"{aside}", file=sys.stderr)
+        return last_checkpoint(run, cfg)
     state = read_json(os.path.join(checkpoint, "trainer_state.json"))
     if state.get("max_steps") and state.get("global_step", 0) >= state["max_steps"]:
         raise ConfigError(f"run {cfg.name} ({run.info.run_id}) had trained all {state['max_steps']} steps when "

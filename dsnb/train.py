@@ -334,6 +334,7 @@ class CheckpointTrainer(Trainer):
         if self.args.should_save:
             for hook in self.before_publish:
                 hook(os.path.join(staged, name))
+            tracking.list_files(os.path.join(staged, name))  # last: what a resume checks the checkpoint against
             sync_tree(os.path.join(staged, name))
             shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)  # a checkpoint of this step from before
             os.replace(os.path.join(staged, name), os.path.join(run_dir, name))

@@ -12,7 +12,7 @@ import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
 from dsnb.report import loss_curve
-from dsnb.tracking import create_run, finish, mlflow_client, resumable_run
+from dsnb.tracking import CHECKPOINT_FILES, create_run, finish, mlflow_client, resumable_run, unreadable
 from dsnb.train import mean_loss
 
 pytestmark = pytest.mark.integration
@@ -76,6 +76,9 @@ def test_a_run_killed_while_writing_and_after_a_checkpoint_resumes_to_a_true_rec
     client, run = the_run(workdir)
     assert run.data.tags["resumed"].startswith("from checkpoint-2 after: ")
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-6"]
+    listed = json.loads((folder / "checkpoint-6" / CHECKPOINT_FILES).read_text())  # every file, with its size
+    assert {"trainer_state.json", "dsnb_progress.json"} <= set(listed)
+    assert unreadable(str(folder / "checkpoint-6")) is None
     assert max(loss_curve(client, run.info.run_id)[0]) >= 6  # the curve went to MLflow before checkpoint-6 showed
 
     done = dsnb("run", *FLAGS, "--resume", cwd=workdir)
@@ -313,3 +316,33 @@ def test_checkpoints_come_by_the_clock_and_leave_the_throughput_alone(tmp_path):
     runs = train_here([cfg, cfg.replace(checkpoint_minutes=0, run_name="none")], tmp_path)
     assert runs[cfg.name].metrics["checkpoint_seconds"] > 0 and runs["none"].metrics["checkpoint_seconds"] == 0
     assert runs[cfg.name].curve == pytest.approx(runs["none"].curve, rel=1e-6)  # saving changes nothing trained
+
+
+def test_an_unreadable_checkpoint_is_moved_aside_once_and_never_resumed_from_again(workdir, capsys):
+    """A checkpoint whose file is not the size written (a machine that died as Drive flushed it) or whose state cannot
+    be read: a resume from it would fail the same way on every rerun. It is said, moved aside, and passed over."""
+    from dsnb.tracking import list_files
+
+    cfg = RunConfig.layered(dict(OFFLINE, max_steps=8, checkpoint_steps=2, run_name="damaged"))
+    run_id = create_run(cfg)
+    finish(run_id, cfg.tracking_uri, "KILLED")
+    folder = workdir / "runs" / run_id
+    for step in (2, 4):
+        checkpoint = folder / f"checkpoint-{step}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 8}))
+        (checkpoint / "adapter_model.safetensors").write_bytes(b"\0" * 4096)
+        list_files(str(checkpoint))
+    where = os.path.join(cfg.output_dir, run_id)  # as the config names it (relative here)
+    assert resumable_run(cfg) == (run_id, os.path.join(where, "checkpoint-4"))  # whole: resumed from
+    (folder / "checkpoint-4" / "adapter_model.safetensors").write_bytes(b"\0" * 1000)  # cut short
+    assert resumable_run(cfg) == (run_id, os.path.join(where, "checkpoint-2"))  # the older one, whole
+    err = capsys.readouterr().err
+    assert f"from {where}/checkpoint-4: adapter_model.safetensors is 1000 bytes, 4096 written; moved aside" in err
+    assert (folder / "checkpoint-4.unreadable" / CHECKPOINT_FILES).exists()
+    (folder / "checkpoint-2" / CHECKPOINT_FILES).unlink()  # as an earlier dsnb wrote it: its state alone is checked
+    (folder / "checkpoint-2" / "trainer_state.json").write_text('{"global_st')
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        resumable_run(cfg)
+    assert "checkpoint-2: trainer_state.json is missing or unreadable; moved aside" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint-2.unreadable", "checkpoint-4.unreadable"]
