@@ -82,22 +82,14 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
         done = finished_run(cfg, sweep)
         if done is not None:  # a sweep started again skips what already finished and reruns the rest
             if progress:
-                print(f"{name}: already FINISHED in run {done.info.run_id}; skipped")
+                print(f"{name}: already {done.info.status}{' (out of memory)' * (done.info.status == 'FAILED')} in "
+                      f"run {done.info.run_id}; skipped")
             results.append(RunResult.read(cfg.tracking_uri, done.info.run_id, skipped=True))
             continue
         run_id = tracking.create_run(cfg, tags={"sweep": sweep, "notebook": os.path.basename(notebook)})
         short = name.encode()[:200].decode(errors="ignore")  # a file name's limit is 255 bytes
         executed = os.path.join(out_dir, f"{short}-{run_id[:8]}.ipynb")
-        error = None
-        # The kernel inherits this environment: it logs into the run opened here, and takes the
-        # parameters as given (the offline preset, if asked for, is already in them).
-        # It beats from here (the kernel starts and runs the cells before the notebook's run_variant beats too).
-        with _environ({SWEEP_RUN_ENV: run_id, OFFLINE_ENV: None}), tracking.heartbeat(run_id, cfg.tracking_uri):
-            try:
-                papermill.execute_notebook(notebook, executed, parameters=cfg.to_dict(), kernel_name="python3",
-                                           cwd=os.getcwd(), progress_bar=False)
-            except Exception as e:  # PapermillExecutionError and kernel deaths alike: record and go on
-                error = e
+        error = execute(papermill, notebook, executed, cfg, run_id)
         client = mlflow_client(cfg.tracking_uri)
         client.log_artifact(run_id, executed)
         if error is not None:
@@ -109,14 +101,39 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
     return results
 
 
+def execute(papermill, notebook: str, executed: str, cfg: RunConfig, run_id: str) -> Exception | None:
+    """The notebook run with cfg's parameters in a fresh kernel into `executed`; the error that stopped it, if one did.
+
+    The kernel inherits this environment: it logs into the run opened here, and takes the parameters as given (the
+    offline preset, if asked for, is already in them). It beats from here (the kernel starts and runs the cells before
+    the notebook's run_variant beats too). Ctrl-C or SIGTERM ends the run KILLED, with its notebook as far as it ran."""
+    with _environ({SWEEP_RUN_ENV: run_id, OFFLINE_ENV: None}), tracking.heartbeat(run_id, cfg.tracking_uri):
+        try:
+            papermill.execute_notebook(notebook, executed, parameters=cfg.to_dict(), kernel_name="python3",
+                                       cwd=os.getcwd(), progress_bar=False)
+        except Exception as e:  # PapermillExecutionError and kernel deaths alike: record and go on
+            return e
+        except BaseException:
+            if os.path.exists(executed):
+                mlflow_client(cfg.tracking_uri).log_artifact(run_id, executed)
+            tracking.finish(run_id, cfg.tracking_uri, "KILLED")
+            raise
+    return None
+
+
 def finished_run(cfg: RunConfig, sweep: str):
-    """The FINISHED run of this sweep with cfg's name and exactly cfg's params, if there is one.
+    """The run of this sweep with cfg's name and exactly cfg's params that needs no rerun, if there is one: FINISHED,
+    or FAILED out of GPU memory (an answer: it does not fit; as a comparison keeps one). Any other failure, or a
+    KILLED run, runs again.
 
     User values (names) are compared here, not put into MLflow's filter string, where a quote would break it.
     """
     client = mlflow_client(cfg.tracking_uri)
-    for run in tracking.search(client, [tracking.experiment_id(cfg)], "attributes.status = 'FINISHED'"):
-        if run.data.tags.get("sweep") == sweep and run.info.run_name == cfg.name and tracking.same_config(run, cfg):
+    for run in tracking.search(client, [tracking.experiment_id(cfg)], "attributes.status != 'RUNNING'",
+                               order_by=["attributes.start_time DESC"]):
+        final = run.info.status == "FINISHED" or run.data.tags.get("failure") == "oom"
+        if final and run.data.tags.get("sweep") == sweep and run.info.run_name == cfg.name and \
+                tracking.same_config(run, cfg):
             return run
     return None
 

@@ -266,3 +266,47 @@ variants:
     names = [r.info.run_name for r in client.search_runs(
         [client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])]
     assert sorted(names) == ["broken", "broken", "zero1"]  # the failed variant ran again, the finished one did not
+
+
+@pytest.mark.integration
+def test_a_sweep_stopped_with_ctrl_c_records_its_variant_killed_and_says_so(workdir):
+    """Ctrl-C to `dsnb sweep` while a variant trains: the run ends KILLED with its notebook as far as it ran (it was
+    left RUNNING, and the sweep said no run was recorded)."""
+    import signal
+
+    from conftest import LONG, wait_for_training
+
+    (workdir / "sweep.yaml").write_text(f"""notebook: {NOTEBOOKS / NAMES[1]}
+base: {json.dumps({k: v for k, v in LONG.items() if k != "repeats"})}
+variants:
+  - {{run_name: long}}
+""")
+    sweep = subprocess.Popen([sys.executable, "-m", "dsnb", "sweep", "-f", "sweep.yaml", "--offline"], cwd=workdir,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = wait_for_training(f"sqlite:///{workdir}/mlflow.db", "long", timeout=400)
+    sweep.send_signal(signal.SIGINT)
+    _, err = sweep.communicate(timeout=300)
+    assert sweep.returncode == 130, err[-2000:]
+    assert f"its run {run.info.run_id} recorded KILLED" in err, err[-2000:]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    assert client.get_run(run.info.run_id).info.status == "KILLED"
+    assert any(a.path.endswith(".ipynb") for a in client.list_artifacts(run.info.run_id))
+
+
+def test_a_sweep_run_again_keeps_a_variant_that_ran_out_of_gpu_memory(workdir, capsys):
+    """Out of GPU memory is an answer (the variant does not fit), kept as a comparison keeps it: a sweep started again
+    does not train it again (it did, every time, where only FINISHED runs were kept)."""
+    from dsnb import tracking
+    from dsnb.sweep import load_sweep, run_sweep
+
+    (workdir / "sweep.yaml").write_text(f"""notebook: {NOTEBOOKS / NAMES[1]}
+base: {{max_steps: 2, num_samples: 16}}
+variants:
+  - {{run_name: too_big}}
+""")
+    _, [cfg], _ = load_sweep("sweep.yaml", True, None)
+    run_id = tracking.create_run(cfg, tags={"sweep": "sweep", "failure": "oom"})
+    tracking.finish(run_id, cfg.tracking_uri, "FAILED")
+    [result] = run_sweep("sweep.yaml", offline=True)
+    assert result.run_id == run_id
+    assert f"too_big: already FAILED (out of memory) in run {run_id}; skipped" in capsys.readouterr().out
