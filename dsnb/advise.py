@@ -290,7 +290,13 @@ def measure(table, k: int, progress: bool = True, report=None):
             checkpoint_minutes=0, experiment="dsnb_advise", run_name=f"advise_{rank}")
         run = newest_run(cfg, {"advise_machine": here})  # this machine's: another's measures another machine
         kept, resume = reuse(cfg, run, progress, cfg.name)
-        result = kept or run_all([cfg], progress=progress, tags=[{"advise_machine": here}], resumes=[resume])[0]
+        try:
+            result = kept or run_all([cfg], progress=progress, tags=[{"advise_machine": here}], resumes=[resume])[0]
+        except ConfigError as e:  # refused by the pre-run check (host RAM free now, an NVMe path): said, and the next
+            table.loc[i, "measured_status"] = f"not run: {e}"  # variant measured
+            if report:
+                report(verified(table.loc[i]))
+            continue
         metrics = result.metrics
         table.loc[i, "measured_status"] = result.status
         table.loc[i, "measured_gpu_gb"] = metrics.get("peak_gpu_allocated_mb", math.nan) / 1024
@@ -308,6 +314,8 @@ def verified(row) -> str:
     """One verified variant: measured against predicted, with the error of each (measured / predicted - 1). A run that
     did not finish is no measurement of the variant: what it reached is said, with no error against a whole run."""
     name = f"verify {row['rank']}. {row['training']} {row['weights']}, {row['deepspeed']}, {row['loop']} {row['batch']}"
+    if str(row["measured_status"]).startswith("not run"):
+        return f"{name}: {row['measured_status']}"
     if row["measured_status"] != "FINISHED":
         peak = row["measured_gpu_gb"]
         return (f"{name}: {row['measured_status']} after {cell(row['measured_run_s'], '{:.0f}')} s, before a full "

@@ -177,6 +177,25 @@ def test_verify_runs_the_top_variants_and_puts_the_measurements_beside(workdir):
 
 
 @pytest.mark.integration
+def test_a_verify_variant_refused_before_it_runs_is_said_and_the_next_is_measured(workdir):
+    """One top variant refused by the checks before a run (its NVMe folder gone, host RAM taken meanwhile) stopped the
+    whole verify, on every rerun, before any table; it is said in its row and line, and the next one is measured."""
+    from dsnb.advise import measure
+
+    cfg = RunConfig.layered({"max_steps": 0}, offline=True)
+    table = advise(cfg, gpu="H200", gpus=1, progress=False)
+    plain = table[(table["loop"] == "Trainer") & (table["deepspeed"] == "none") & (table["fits"] == "fits")]
+    first = int(plain.iloc[0]["rank"])
+    plain.attrs["configs"][first - 1] = plain.attrs["configs"][first - 1].replace(
+        strategy="zero3", offload_param="nvme", offload_optimizer="nvme", nvme_path=str(workdir / "gone"))
+    lines = []
+    measured = measure(plain, 2, progress=False, report=lines.append)
+    assert measured.iloc[0]["measured_status"].startswith("not run: ") and "gone" in lines[0], lines
+    assert lines[0].startswith(f"verify {first}.") and "after" not in lines[0]
+    assert measured.iloc[1]["measured_status"] == "FINISHED" and lines[1].startswith(f"verify {plain.iloc[1]['rank']}.")
+
+
+@pytest.mark.integration
 def test_kaggles_pair_is_rehearsed_on_two_cpu_processes(workdir):
     """The kaggle_t4x2 preset's tutorial pair as it runs there, one process per GPU: here two CPU processes (gloo; fp32,
     as the CPU has no fp16, and no GPU cap). Each variant trains as one MLflow run over both ranks with the tutorial's
