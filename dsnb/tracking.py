@@ -592,13 +592,18 @@ def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> 
 
 
 def resumable_run(cfg: RunConfig) -> tuple[str, str]:
-    """(run id, last checkpoint) of the newest FAILED or KILLED run named like cfg's that left a checkpoint."""
+    """(run id, last checkpoint) of the newest FAILED or KILLED run named like cfg's that left a checkpoint, unless a
+    run of cfg finished after it (that work is done: resuming the older one would train it again)."""
     experiment = experiment_id(cfg)
     client = mlflow_client(cfg.tracking_uri)
     mark_stale_runs(client)
-    runs = search(client, [experiment], "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
-                  order_by=["attributes.start_time DESC"])
+    runs = search(client, [experiment], "attributes.status != 'RUNNING'", order_by=["attributes.start_time DESC"])
     for run in (r for r in runs if r.info.run_name == cfg.name):
+        if run.info.status == "FINISHED":
+            if same_config(run, cfg):
+                raise ConfigError(f"nothing to resume: run {cfg.name} ({run.info.run_id}) finished, and its record "
+                                  "stands; run without --resume to measure it again")
+            continue
         checkpoint = last_checkpoint(run, cfg)
         if checkpoint:
             return run.info.run_id, checkpoint

@@ -346,3 +346,22 @@ def test_an_unreadable_checkpoint_is_moved_aside_once_and_never_resumed_from_aga
         resumable_run(cfg)
     assert "checkpoint-2: trainer_state.json is missing or unreadable; moved aside" in capsys.readouterr().err
     assert sorted(p.name for p in folder.iterdir()) == ["checkpoint-2.unreadable", "checkpoint-4.unreadable"]
+
+
+def test_resume_after_the_run_finished_says_so_and_never_resumes_an_older_killed_run(workdir):
+    """--resume once the newest run of the config finished: nothing to resume, said with that run; an older killed
+    run's checkpoint (work that the finished run did since) is left alone."""
+    from dsnb.tracking import list_files
+
+    cfg = RunConfig.layered(dict(OFFLINE, max_steps=8, checkpoint_steps=2, run_name="done"))
+    older = create_run(cfg)
+    finish(older, cfg.tracking_uri, "KILLED")
+    checkpoint = workdir / "runs" / older / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "max_steps": 8}))
+    list_files(str(checkpoint))
+    assert resumable_run(cfg)[0] == older
+    newer = create_run(cfg)
+    finish(newer, cfg.tracking_uri, "FINISHED")
+    with pytest.raises(ConfigError, match=re.escape(f"nothing to resume: run done ({newer}) finished")):
+        resumable_run(cfg)
