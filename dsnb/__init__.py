@@ -31,7 +31,7 @@ _WHERE = {
     "OFFLINE": "config", "ConfigError": "config", "RunConfig": "config", "tutorial_pair": "config",
     "from_notebook": "notebook", "preview": "notebook", "compared_runs": "notebook", "check": "preflight",
     "pick_device": "preflight",
-    "run_variant": "launch", "run_all": "launch", "quality_check": "compare",
+    "run_variant": "launch", "run_all": "launch", "quality_check": "compare", "run_once": "compare",
     "compare_table": "report", "verdict": "report", "same_work": "report", "plot_runs": "report", "answers": "report",
     "quality_verdict": "report", "find_runs": "report", "savings_table": "report", "best_for_budget": "report",
     "save_model": "publish", "load_saved": "publish", "push_to_hub": "publish", "keep": "publish", "ask": "publish",

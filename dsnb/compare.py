@@ -20,7 +20,7 @@ import uuid
 
 from . import preflight, tracking
 from .config import ConfigError, RunConfig, tutorial_pair
-from .launch import run_all, run_variant
+from .launch import SWEEP_RUN_ENV, run_all, run_variant
 from .tracking import RunResult, mlflow_client
 
 
@@ -127,6 +127,20 @@ def quality_check(cfg: RunConfig, progress: bool = True, again: bool = False) ->
     run = None if again else newest_run(quality)
     result, resume = reuse(quality, run, progress, quality.name)
     return result or run_variant(quality, progress=progress, resume=resume)
+
+
+def run_once(cfg: RunConfig, again: bool = False, progress: bool = True) -> RunResult:
+    """A notebook's one variant (notebook 02) as compare treats each of its pair: its newest run of cfg kept where it
+    ended (finished, or out of GPU memory), resumed from its checkpoint where it was interrupted, else run; so Run all
+    after a disconnect, or once more, trains no finished work again. again=True measures it afresh. Under a sweep,
+    which opened the run and decides what runs, the variant just runs."""
+    if os.environ.get(SWEEP_RUN_ENV):
+        return run_variant(cfg, progress=progress)
+    kept, resume = reuse(cfg, None if again else newest_run(cfg, {ONCE_TAG: "1"}), progress, cfg.name)
+    return kept or run_variant(cfg, progress=progress, tags={ONCE_TAG: "1"}, resume=resume)
+
+
+ONCE_TAG = "notebook_variant"  # run_once's runs: a notebook's variant, not a comparison's, a sweep's or a bench's
 
 
 def newest_run(cfg: RunConfig, tags: dict | None = None):

@@ -214,7 +214,8 @@ def notebook_02():
         new_markdown_cell(f"""# One variant: any ZeRO stage and offload
 {badge("02_zero_stages.ipynb")}
 
-One execution trains one variant in its own process and records it as one MLflow run. Set the
+One execution trains one variant in its own process and records it as one MLflow run; Run all again
+(after a disconnect, say) keeps it where it finished and resumes it where it was interrupted. Set the
 parameters (for example `strategy = "zero3"`, `offload_param = "cpu"`), or let papermill run it once
 per variant: `python -m dsnb sweep -f variants/sweep_zero_stages.yaml`.
 
@@ -228,7 +229,7 @@ per variant: `python -m dsnb sweep -f variants/sweep_zero_stages.yaml`.
         checked("import dsnb\n\ncfg = dsnb.from_notebook(globals())"),
         new_code_cell("print(dsnb.preview(cfg))"),
         new_markdown_cell("## Train"),
-        new_code_cell("result = dsnb.run_variant(cfg)"),
+        new_code_cell("result = dsnb.run_once(cfg)  # kept, or resumed, where it ran before (again=True: afresh)"),
         checked("print(result.name, result.status)"),
         new_markdown_cell("## What it cost, and what it learned"),
         new_code_cell("dsnb.compare_table([result])"),

@@ -207,6 +207,12 @@ def test_notebook_02_runs_zero3_full_fine_tuning(workdir):
                     open(client.download_artifacts(run.info.run_id, "deepspeed_config.json")).read())
     assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert "comparison.png" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    # Run all again (a disconnect after it finished, say): the finished variant is kept, not trained again
+    again = papermill.execute_notebook(NOTEBOOKS / NAMES[1], workdir / "again.ipynb", parameters=params, cwd=workdir,
+                                       kernel_name="python3", progress_bar=False)
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+    said = "".join(o.get("text", "") for c in again.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert f"nb-zero3: kept its FINISHED run {run.info.run_id}" in said, said[-2000:]
 
 
 @pytest.mark.integration
