@@ -162,20 +162,21 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
   here=$PWD out=$(cd "$OUT" && pwd)
   peer() { local name=$1; shift  # from /tmp: Unsloth writes its compiled cache where it runs
     (cd /tmp && PYTHONPATH=/tmp/peers:${PYTHONPATH:-} HF_HUB_OFFLINE=1 UNSLOTH_DISABLE_STATISTICS=1 \
-      timeout -k 20 "${LIMIT:-150}" python3 "$here/benchmarks/peers.py" run "$@" --data /tmp/peers_data.json \
+      timeout -k 10 "${LIMIT:-110}" python3 "$here/benchmarks/peers.py" run "$@" --data /tmp/peers_data.json \
       --out "$out/peers.jsonl") > "$OUT/peer_$name.log" 2>&1
     echo "$name exit $?: $(tail -c 300 "$OUT/peer_$name.log" | tr '\n' ' ')"; peers_table; }
   dsnb_peer() { local name=$1 limit=$2; shift 2
     TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_$name timeout "$limit" python3 -m dsnb run "$@" --tracking_uri "$DB" \
       --run_name "$name" > "$OUT/$name.log" 2>&1
     echo "$name exit $?: $(grep -E '^  speed' "$OUT/$name.log")"; peers_table; }
+  # dsnb's row first: the reference, kept however far the peers get in the call's 10 minutes
   if [[ "${PARTS:-b8}" == *b8* ]]; then
+    dsnb_peer dsnb_fast_compiled_b8 180 $(bench_flags fast_compiled 10 30)
     for p in hf_compile trl_liger unsloth; do peer "${p}_b8" "$p" --batch 8 --untimed 10 --steps 30; done
-    dsnb_peer dsnb_fast_compiled_b8 200 $(bench_flags fast_compiled 10 30)
   fi
   if [[ "${PARTS:-b8}" == *packed* ]]; then
+    dsnb_peer dsnb_throughput_cold 220 $(bench_flags throughput_compiled 8 12)
     for p in trl_liger unsloth; do peer "${p}_packed" "$p" --batch 12 --packed --untimed 5 --steps 20; done
-    dsnb_peer dsnb_throughput_cold 240 $(bench_flags throughput_compiled 8 12)
   fi
   cat "$OUT/peers.md"
   ;;
@@ -184,7 +185,7 @@ fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) besi
   # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss
   prebuild synthetic:llama-3.2-3b
   for lever in ${LEVERS:-now fp8head}; do
-    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_lever_$lever timeout 280 python3 benchmarks/throughput_levers.py "$lever" \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_lever_$lever timeout 260 python3 benchmarks/throughput_levers.py "$lever" \
       --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_$lever.log" 2>&1
     echo "$lever exit $?: $(tail -1 "$OUT/lever_$lever.log")"
   done

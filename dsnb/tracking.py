@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import platform
 import shlex
+import signal
 import socket
 import sqlite3
 import sys
@@ -23,7 +25,7 @@ import traceback
 import zipfile
 from importlib import metadata
 
-from .config import PLACES, ConfigError, RunConfig, describe, redact, sqlite_path
+from .config import PLACES, RENAMED, ConfigError, RunConfig, describe, redact, sqlite_path
 from .preflight import (alive, check_complete, check_output_file, check_scheme, check_sqlite_uri, staged,
                         wait_for_orphans)
 
@@ -237,8 +239,16 @@ def same_config(run, cfg: RunConfig) -> bool:
     params = run.data.params
     if "model" not in params:
         return False
-    defaults = logged_params(RunConfig())
-    return all(params.get(k, defaults[k]) == v for k, v in logged_params(cfg).items() if k not in (*PLACES, "repeats"))
+    # a run that logged a field since renamed (config.RENAMED) predates the rule: every field must be there
+    defaults = {} if RENAMED.keys() & params.keys() else default_params()
+    return all(params.get(k, defaults.get(k)) == v for k, v in logged_params(cfg).items()
+               if k not in (*PLACES, "repeats"))
+
+
+@functools.cache
+def default_params() -> dict[str, str]:
+    """Every field's default as a logged param (same_config's reading of a field a run has no param for)."""
+    return logged_params(RunConfig())
 
 
 HEARTBEAT_S = 30  # a training process tags its run this often (dsnb.alive), so a run whose machine is gone shows
@@ -516,7 +526,10 @@ def show_ui(tracking_uri: str, port: int = 5000):
     if not ui_answers(port):  # a frame of a port nobody serves is a blank box: say why, and how to open it instead
         why = f"it exited with code {server.returncode}" if server.poll() is not None else \
             f"it did not answer in {UI_WAIT_S} s"
-        tail = " | ".join(open(ui_log(port), errors="replace").read().strip().splitlines()[-3:])
+        if server.poll() is None:  # stopped: a rerun of the cell starts another, and two would share 2 cores
+            os.killpg(server.pid, signal.SIGTERM)
+        with open(ui_log(port), errors="replace") as log:
+            tail = " | ".join(log.read().strip().splitlines()[-3:])
         print(f"The MLflow UI did not start ({why}{': ' + tail if tail else ''}); its log: {ui_log(port)}. "
               f"Run this cell again, or open it with: {ui_command(uri, port=port)}")
         return None
@@ -641,7 +654,8 @@ def unreadable(checkpoint: str) -> str | None:
 def last_checkpoint(run, cfg: RunConfig) -> str | None:
     """The run's newest complete checkpoint under cfg.output_dir, if it has one; a ConfigError where the run was
     started with another config, or its checkpoint leaves nothing to train. A checkpoint that cannot be resumed from
-    (unreadable) is moved aside to CHECKPOINT.unreadable, said on stderr, and never tried again: the run's older one,
+    (unreadable) is moved aside to unreadable-checkpoint-N (a name that neither a resume nor the Trainer's rotation,
+    which takes any "checkpoint-N..." for step N, counts), said on stderr, and never tried again: the run's older one,
     if any, is taken, else none (a comparison trains the variant afresh; run --resume finds nothing to resume)."""
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -654,9 +668,13 @@ def last_checkpoint(run, cfg: RunConfig) -> str | None:
                           "with the same fields, or drop --resume to start afresh")
     why = unreadable(checkpoint)
     if why:
-        aside = next(p for n in range(1, 1000) if not os.path.lexists(p := checkpoint + ".unreadable" +
-                                                                        (f"-{n}" if n > 1 else "")))
-        os.replace(checkpoint, aside)
+        base = os.path.join(folder, "unreadable-" + os.path.basename(checkpoint))
+        aside = next(p for n in range(1, 1000) if not os.path.lexists(p := base + (f"-{n}" if n > 1 else "")))
+        try:
+            os.replace(checkpoint, aside)
+        except OSError as e:
+            raise ConfigError(f"run {cfg.name} ({run.info.run_id}) cannot resume from {checkpoint}: {why}; and it "
+                              f"could not be moved aside ({describe(e)}): move or delete it, then run again") from None
         print(f"dsnb: run {cfg.name} ({run.info.run_id}) cannot resume from {checkpoint}: {why}; moved aside to "
               f"{aside}", file=sys.stderr)
         return last_checkpoint(run, cfg)

@@ -201,8 +201,8 @@ def test_notebook_02_runs_zero3_full_fine_tuning(workdir):
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     [run] = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_name == "nb-zero3"
-    params = run.data.params
-    assert (params["strategy"], params["offload_param"], params["lora_r"]) == ("zero3", "cpu", "0")
+    logged = run.data.params
+    assert (logged["strategy"], logged["offload_param"], logged["lora_r"]) == ("zero3", "cpu", "0")
     ds = json.loads(client.download_artifacts(run.info.run_id, "deepspeed_config.json") and
                     open(client.download_artifacts(run.info.run_id, "deepspeed_config.json")).read())
     assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"]["device"] == "cpu"

@@ -274,6 +274,17 @@ def test_write_new_writes_whole_never_over_a_file_and_leaves_nothing_half_writte
     assert dest.read_text() == '{"a": 1}' and (tmp_path / "nvidia_h200-2.json").read_text() == '{"b": 2}'
     assert write_new(str(tmp_path / "map.png"), b"\x89PNG") == str(tmp_path / "map.png")
 
+    def no_links(src, dst):  # a file system without hard links (some FUSE mounts): checked, then renamed
+        raise PermissionError(1, "Operation not permitted")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "link", no_links)
+        assert write_new(str(tmp_path / "fuse.md"), "a") == str(tmp_path / "fuse.md")
+        assert write_new(str(tmp_path / "fuse.md"), "b") == str(tmp_path / "fuse-2.md")
+    assert (tmp_path / "fuse.md").read_text() == "a" and (tmp_path / "fuse-2.md").read_text() == "b"
+    for made in ("fuse.md", "fuse-2.md"):
+        (tmp_path / made).unlink()
+
     def interrupted(fd):  # Ctrl-C after the bytes are written, before they are synced and published
         raise KeyboardInterrupt
 

@@ -339,13 +339,18 @@ def test_an_unreadable_checkpoint_is_moved_aside_once_and_never_resumed_from_aga
     assert resumable_run(cfg) == (run_id, os.path.join(where, "checkpoint-2"))  # the older one, whole
     err = capsys.readouterr().err
     assert f"from {where}/checkpoint-4: adapter_model.safetensors is 1000 bytes, 4096 written; moved aside" in err
-    assert (folder / "checkpoint-4.unreadable" / CHECKPOINT_FILES).exists()
+    assert (folder / "unreadable-checkpoint-4" / CHECKPOINT_FILES).exists()
     (folder / "checkpoint-2" / CHECKPOINT_FILES).unlink()  # as an earlier dsnb wrote it: its state alone is checked
     (folder / "checkpoint-2" / "trainer_state.json").write_text('{"global_st')
     with pytest.raises(ConfigError, match="nothing to resume"):
         resumable_run(cfg)
     assert "checkpoint-2: trainer_state.json is missing or unreadable; moved aside" in capsys.readouterr().err
-    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint-2.unreadable", "checkpoint-4.unreadable"]
+    assert sorted(p.name for p in folder.iterdir()) == ["unreadable-checkpoint-2", "unreadable-checkpoint-4"]
+    # the Trainer's rotation (save_total_limit 1) after a checkpoint of the resumed run: the new one stays
+    from transformers.trainer_utils import get_last_checkpoint, rotate_checkpoints
+    (folder / "checkpoint-3").mkdir()
+    rotate_checkpoints(output_dir=str(folder), save_total_limit=1, best_model_checkpoint=None, use_mtime=False)
+    assert get_last_checkpoint(str(folder)) == str(folder / "checkpoint-3")
 
 
 def test_resume_after_the_run_finished_says_so_and_never_resumes_an_older_killed_run(workdir):

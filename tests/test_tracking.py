@@ -406,3 +406,8 @@ def test_a_run_of_an_earlier_dsnb_without_a_newer_field_is_found_again_while_tha
     assert not same_config(run, cfg.replace(lora_r=cfg.lora_r * 2))  # a field the run did log still decides
     bare = client.get_run(client.create_run(experiment, run_name="older").info.run_id)
     assert not same_config(bare, cfg)
+    # a run old enough to have logged a field since renamed (warmup_steps, now untimed_steps) must match in full
+    renamed = client.create_run(experiment, run_name="older").info.run_id
+    client.log_batch(renamed, params=[Param(k, v) for k, v in {**logged_params(cfg), "warmup_steps": "1"}.items()
+                                      if k != "untimed_steps"])
+    assert not same_config(client.get_run(renamed), cfg)
