@@ -522,8 +522,8 @@ def show_ui(tracking_uri: str, port: int = 5000):
         return None
     port = free_port(port)  # a UI already serving another store there (notebook 01's, say) would be framed instead
     print(f"starting the MLflow UI on port {port} (a minute or more on 2 cores) ...", flush=True)
-    server = start_ui(uri, port)
-    if not ui_answers(port):  # a frame of a port nobody serves is a blank box: say why, and how to open it instead
+    server, answered = start_ui(uri, port)
+    if not answered:  # a frame of a port nobody serves is a blank box: say why, and how to open it instead
         why = f"it exited with code {server.returncode}" if server.poll() is not None else \
             f"it did not answer in {UI_WAIT_S} s"
         if server.poll() is None:  # stopped: a rerun of the cell starts another, and two would share 2 cores
@@ -575,25 +575,27 @@ def ui_log(port: int) -> str:
 def ui_answers(port: int) -> bool:
     import urllib.request
 
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+    try:  # a loaded 2-core machine can take seconds to answer once the server is up
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10):
             return True
     except OSError:
         return False
 
 
 def start_ui(tracking_uri: str, port: int, wait_s: float = UI_WAIT_S):
-    """ui_server_command started in a session of its own (it outlives the cell), its output in ui_log(port);
-    returned once it answers, exits, or wait_s passed."""
+    """ui_server_command started in a session of its own (it outlives the cell), its output in ui_log(port): (the
+    server, whether it answered), once it answers, exits, or wait_s passed."""
     import subprocess
 
     with open(ui_log(port), "w") as log:
         server = subprocess.Popen(ui_server_command(tracking_uri, port), stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + wait_s
-    while time.time() < deadline and server.poll() is None and not ui_answers(port):
+    while time.time() < deadline and server.poll() is None:
+        if ui_answers(port):
+            return server, True
         time.sleep(0.5)
-    return server
+    return server, False
 
 
 def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:

@@ -41,8 +41,8 @@ def store_with_a_run(folder) -> tuple[str, str, str]:
 def ui(tmp_path):
     uri, experiment, run_id = store_with_a_run(tmp_path)
     port = free_port()
-    server = start_ui(uri, port, wait_s=300)  # a loaded 2-core machine takes a minute or more to start it
-    assert fetch(port, "/health")[0] == 200, "mlflow ui did not start"
+    server, answered = start_ui(uri, port, wait_s=300)  # a loaded 2-core machine takes a minute or more to start it
+    assert answered and fetch(port, "/health")[0] == 200, "mlflow ui did not start"
     yield port, experiment, run_id
     os.killpg(server.pid, signal.SIGKILL)  # its session: `mlflow ui` starts uvicorn and job runners of its own
     server.wait()
