@@ -505,9 +505,8 @@ def write_new(dest: str, data: str | bytes) -> str:
     part = staging_path(dest)
     stem, ext = os.path.splitext(dest)
     try:
-        with open(part, "xb" if isinstance(data, bytes) else "x", **({} if isinstance(data, bytes) else
-                                                                     {"encoding": "utf-8"})) as f:
-            f.write(data)
+        with open(part, "xb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         for n in range(1, 1000):

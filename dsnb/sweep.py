@@ -16,6 +16,7 @@ import contextlib
 import os
 
 from . import preflight, tracking
+from .compare import run_ended
 from .config import OFFLINE_ENV, ConfigError, RunConfig, describe, read_yaml
 from .launch import SWEEP_RUN_ENV
 from .tracking import RunResult, mlflow_client
@@ -131,8 +132,7 @@ def finished_run(cfg: RunConfig, sweep: str):
     client = mlflow_client(cfg.tracking_uri)
     for run in tracking.search(client, [tracking.experiment_id(cfg)], "attributes.status != 'RUNNING'",
                                order_by=["attributes.start_time DESC"]):
-        final = run.info.status == "FINISHED" or (run.info.status == "FAILED" and run.data.tags.get("failure") == "oom")
-        if final and run.data.tags.get("sweep") == sweep and run.info.run_name == cfg.name and \
+        if run_ended(run) and run.data.tags.get("sweep") == sweep and run.info.run_name == cfg.name and \
                 tracking.same_config(run, cfg):
             return run
     return None
