@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-from . import preflight, tracking
+from . import metrics, preflight, tracking
 from .config import ConfigError, RunConfig, redact
 from .tracking import RunResult
 
@@ -58,19 +58,23 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
         # Several GPUs: torchrun starts one process per GPU; each rank trains, rank 0 logs into run_id.
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
         command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
+        kills = metrics.oom_kills()
         try:  # this process beats too, from the run's first second: a run lost while its child loads is seen
             with tracking.heartbeat(run_id, cfg.tracking_uri):
-                returncode = _watch(command, child_env(cfg.num_gpus * beside, {**os.environ, **(env or {}),
-                                                                     preflight.PARENT_ENV: str(os.getpid())}),
-                                    log_file, progress_file, bar)
+                returncode, peak_mb = _watch(command, child_env(cfg.num_gpus * beside, {
+                    **os.environ, **(env or {}), preflight.PARENT_ENV: str(os.getpid())}), log_file, progress_file, bar)
         except BaseException:
             _close(run_id, cfg, log_file, "KILLED")
             raise
         finally:
             bar.close()
-        status = _close(run_id, cfg, log_file, "FAILED" if returncode > 0 else "KILLED" if returncode else None)
+        host_oom = _host_oom(returncode, cfg, kills, run_id, peak_mb)
+        ending = "FAILED" if returncode > 0 or host_oom else "KILLED" if returncode else None
+        status = _close(run_id, cfg, log_file, ending)
         if returncode and progress:
             print(f"{cfg.name}: the run ended {status} (exit {returncode}); last lines of its log:\n" + _tail(log_file))
+            if host_oom:
+                print(f"{cfg.name}: {tracking.HOST_OOM}")
     return RunResult.read(cfg.tracking_uri, run_id, returncode=returncode,
                           wall_seconds=time.perf_counter() - started)
 
@@ -88,8 +92,10 @@ def child_env(processes: int, env: dict, cpus: int | None = None) -> dict:
     return env
 
 
-def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar) -> int:
-    """Start the child, follow its progress file into the bar until it exits; stop it on an interrupt."""
+def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar) -> tuple[int, float | None]:
+    """Start the child, follow its progress file into the bar until it exits; stop it on an interrupt. Returns its
+    exit code and its peak resident memory in MB (its largest process's, torchrun's ranks included; None where it
+    could not be read)."""
     with open(log_file, "a") as log:  # after what a resumed run's log holds (_log_so_far)
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     with _LOCK:
@@ -97,10 +103,11 @@ def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar
     try:
         seen = 0
         while True:
-            done = child.poll() is not None
+            peak_mb = _reap(child)
+            done = child.returncode is not None
             seen = _follow(progress_file, seen, bar)
             if done:
-                return child.returncode
+                return child.returncode, peak_mb
             time.sleep(0.2)
     except BaseException:
         stop(child)
@@ -108,6 +115,31 @@ def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar
     finally:
         with _LOCK:
             _ACTIVE.discard(child)
+
+
+def _host_oom(returncode: int, cfg: RunConfig, kills_before: int | None, run_id: str, peak_mb: float | None) -> bool:
+    """Whether the child died of the kernel's out-of-memory killer (SIGKILLed, or for several GPUs torchrun ending
+    after a rank was, while the killer's count in this cgroup went up); if so its run is recorded FAILED out of
+    memory (host RAM)."""
+    killed = returncode == -signal.SIGKILL or cfg.num_gpus > 1 and returncode != 0
+    if not killed or kills_before is None or (metrics.oom_kills() or 0) <= kills_before:
+        return False
+    tracking.record_host_oom(run_id, cfg.tracking_uri, peak_mb)
+    return True
+
+
+def _reap(child: subprocess.Popen) -> float | None:
+    """Wait for the child if it has ended (its returncode set, as Popen.poll would), with its peak resident memory in
+    MB: what its processes had reached, read from the kernel's record of it, where the child could not log it."""
+    try:
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+    except ChildProcessError:  # waited for elsewhere (stop, from another thread)
+        child.poll()
+        return None
+    if pid:
+        child.returncode = os.waitstatus_to_exitcode(status)
+        return usage.ru_maxrss / 1024  # KiB on Linux
+    return None
 
 
 def _follow(path: str, seen: int, bar) -> int:

@@ -101,6 +101,35 @@ def anonymous_bytes() -> int:
     return int(line.split()[1]) * 1024 if line else 0
 
 
+def oom_kills() -> int | None:
+    """How many processes of this process's memory cgroup the kernel's out-of-memory killer has killed so far (cgroup
+    v2's memory.events, v1's memory.oom_control; a child started from here is in the same cgroup), or None where no
+    counter can be read (not Linux, no memory controller). The killer counts on the victim's own cgroup, for a cgroup's
+    limit and for the whole machine's RAM alike."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            files = [f"/sys/fs/cgroup{path}/memory.events", "/sys/fs/cgroup/memory.events"]
+        elif "memory" in controllers.split(","):  # v1; a container may mount its own cgroup as the root
+            files = [f"/sys/fs/cgroup/memory{path}/memory.oom_control", "/sys/fs/cgroup/memory/memory.oom_control"]
+        else:
+            continue
+        for name in files:
+            try:
+                with open(name) as f:
+                    counts = dict(x.split() for x in f if x.strip())
+            except (OSError, ValueError):
+                continue
+            if "oom_kill" in counts:
+                return int(counts["oom_kill"])
+    return None
+
+
 def gather_ranks(summary: dict) -> dict:
     """Every rank's peaks as <metric>_rank<r>, each peak as its largest over the ranks (the GPU that must fit), and,
     over several nodes, each node's host memory as peak_cpu_rss_mb_node<n>: its ranks' resident memory added up (what

@@ -78,6 +78,14 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
+def status_label(run) -> str:
+    """A run's status, and for one out of memory, which memory (a run the host's out-of-memory killer stopped is tagged
+    oom=host RAM)."""
+    if run.info.status == "FAILED" and run.data.tags.get("failure") == "oom":
+        return f"FAILED: out of {run.data.tags.get('oom', 'memory')}"
+    return run.info.status
+
+
 def compare_table(runs: list[RunResult]):
     """Metrics as rows, variants as columns (a variant's repeats pooled: median [min-max]), and each variant's
     ratio of medians to the first, marked where it is within the run-to-run spread. A metric no run recorded (the
@@ -90,7 +98,7 @@ def compare_table(runs: list[RunResult]):
     groups = grouped(loaded)
     columns = {}
     for name, group in groups.items():
-        cells = ["/".join(sorted({r.info.status for r in group})), str(len(group))]
+        cells = ["/".join(sorted({status_label(r) for r in group})), str(len(group))]
         for key in METRICS:
             s = summary(group, key)
             cells.append("" if s is None else _number(s[0]) + (f" [{_number(s[1])}-{_number(s[2])}]"

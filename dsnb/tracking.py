@@ -360,6 +360,26 @@ def finish(run_id: str, tracking_uri: str, status: str) -> None:
         STOPPED.append(run_id)
 
 
+HOST_OOM = ("host RAM ran out: the kernel's out-of-memory killer stopped this run's training process; offload less to "
+            "the CPU (offload_optimizer/offload_param none), a smaller model or batch, or a machine with more RAM "
+            "(`dsnb advise` estimates host RAM)")
+
+
+def record_host_oom(run_id: str, tracking_uri: str, peak_mb: float | None) -> None:
+    """A run whose training process the kernel's out-of-memory killer stopped: FAILED out of memory, as one that ran
+    out of GPU memory is (a comparison keeps it: it does not fit this machine), saying it was host RAM, with the peak
+    resident memory its process had reached where it could log none."""
+    client = mlflow_client(tracking_uri)
+    run = client.get_run(run_id)
+    if peak_mb and "peak_cpu_rss_mb" not in run.data.metrics:
+        client.log_metric(run_id, "peak_cpu_rss_mb", peak_mb)
+    client.set_tag(run_id, "failure", "oom")
+    client.set_tag(run_id, "oom", "host RAM")
+    client.set_tag(run_id, "error", HOST_OOM)
+    if run.info.status != "FAILED":
+        client.set_terminated(run_id, status="FAILED")
+
+
 def what_was_recorded(tracking_uri: str, run_id: str | None) -> str:
     """In words, what the store holds of a run that failed: never claim a record that is not there."""
     if run_id is None:
