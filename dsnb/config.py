@@ -41,6 +41,7 @@ OFFLINE_ENV = "DSNB_OFFLINE"  # DSNB_OFFLINE=1 applies OFFLINE under any explici
 ENVIRONMENT = {OFFLINE_ENV: "the offline default, as --offline",
                "DSNB_SOURCE": "where a notebook's setup cell installs dsnb from",
                "DSNB_CACHE": "the synthetic models' folder", "DSNB_SWEEP_RUN_ID": "set by dsnb's sweeps",
+               "DSNB_SWEEP_RESUME": "set by dsnb's sweeps: the checkpoint a sweep's interrupted run resumes from",
                "DSNB_PARENT_PID": "set for a training process: the dsnb that started it (preflight.orphans)"}
 RETIRED_ENV = {"DSNB_CUDAGRAPHS": "cuda_graphs", "DSNB_FLAT_STEP": "zero_flat_step", "DSNB_DEEPCOMPILE": "deepcompile",
                "DSNB_LOSS_SCALE": "loss_scale", "DSNB_PROFILE": "profile"}

@@ -26,7 +26,8 @@ from . import metrics, preflight, tracking
 from .config import ConfigError, RunConfig, redact
 from .tracking import RunResult
 
-SWEEP_RUN_ENV = "DSNB_SWEEP_RUN_ID"  # a sweep opens the run, then its notebook's run_variant logs into it
+SWEEP_RUN_ENV = "DSNB_SWEEP_RUN_ID"  # a sweep opens the run, then its notebook's run_variant logs into it ...
+SWEEP_RESUME_ENV = "DSNB_SWEEP_RESUME"  # ... resuming it from this checkpoint where the sweep found it interrupted
 STOP_GRACE_S = 60  # an interrupted child gets this long to record its run KILLED before it is killed
 _ACTIVE: set[subprocess.Popen] = set()  # children running now, stopped together on an interrupt
 _LOCK = threading.Lock()
@@ -42,9 +43,12 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
     from tqdm.auto import tqdm
 
     preflight.check(cfg)
+    sweep_run, sweep_checkpoint = os.environ.pop(SWEEP_RUN_ENV, None), os.environ.pop(SWEEP_RESUME_ENV, None)
+    if resume is None and sweep_run and sweep_checkpoint:
+        resume = sweep_run, sweep_checkpoint
     if resume:
         tracking.reopen_run(resume[0], cfg.tracking_uri)
-    run_id = tracking.create_run(cfg, tags, resume[0] if resume else os.environ.pop(SWEEP_RUN_ENV, None))
+    run_id = tracking.create_run(cfg, tags, resume[0] if resume else sweep_run)
     bar = tqdm(desc=cfg.name, unit="step", disable=not progress, leave=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dsnb-") as tmp:

@@ -16,9 +16,9 @@ import contextlib
 import os
 
 from . import preflight, tracking
-from .compare import run_ended
+from .compare import newest_run, reuse, run_ended
 from .config import OFFLINE_ENV, ConfigError, RunConfig, describe, read_yaml
-from .launch import SWEEP_RUN_ENV
+from .launch import SWEEP_RESUME_ENV, SWEEP_RUN_ENV
 from .tracking import RunResult, mlflow_client
 
 SWEEP_KEYS = {"notebook", "base", "variants", "output_dir"}
@@ -59,7 +59,9 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
     """Execute the sweep's notebook with papermill once per variant, each in a fresh kernel.
 
     Each executed notebook is saved under the output folder and logged to its MLflow run; a variant that
-    fails keeps its notebook and a FAILED run, and the sweep goes on.
+    fails keeps its notebook and a FAILED run, and the sweep goes on. Started again, a sweep keeps each variant's run
+    that ended (finished, or out of memory) and resumes one that was interrupted from its last checkpoint (into the
+    same run, with a notebook of its own beside the interrupted pass's), as a comparison does.
     """
     try:
         import papermill
@@ -80,17 +82,23 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
     results = []
     for cfg in tqdm(cfgs, desc=f"sweep {sweep}", unit="variant", disable=not progress):
         name = cfg.name
-        done = finished_run(cfg, sweep)
-        if done is not None:  # a sweep started again skips what already finished and reruns the rest
+        earlier = newest_run(cfg, {"sweep": sweep})
+        if run_ended(earlier):  # a sweep started again skips what already finished and reruns the rest
             if progress:
-                print(f"{name}: already {done.info.status}{' (out of memory)' * (done.info.status == 'FAILED')} in "
-                      f"run {done.info.run_id}; skipped")
-            results.append(RunResult.read(cfg.tracking_uri, done.info.run_id, skipped=True))
+                print(f"{name}: already {earlier.info.status}{' (out of memory)' * (earlier.info.status == 'FAILED')}"
+                      f" in run {earlier.info.run_id}; skipped")
+            results.append(RunResult.read(cfg.tracking_uri, earlier.info.run_id, skipped=True))
             continue
-        run_id = tracking.create_run(cfg, tags={"sweep": sweep, "notebook": os.path.basename(notebook)})
+        _, resume = reuse(cfg, earlier, progress, name)  # an interrupted one resumes from its last checkpoint
         short = name.encode()[:200].decode(errors="ignore")  # a file name's limit is 255 bytes
-        executed = os.path.join(out_dir, f"{short}-{run_id[:8]}.ipynb")
-        error = execute(papermill, notebook, executed, cfg, run_id)
+        if resume:
+            run_id = resume[0]
+            tracking.reopen_run(run_id, cfg.tracking_uri)
+            keep_notebooks(out_dir, f"{short}-{run_id[:8]}", run_id, cfg.tracking_uri)
+        else:
+            run_id = tracking.create_run(cfg, tags={"sweep": sweep, "notebook": os.path.basename(notebook)})
+        executed = unused_path(os.path.join(out_dir, f"{short}-{run_id[:8]}{'-resumed' * bool(resume)}"), ".ipynb")
+        error = execute(papermill, notebook, executed, cfg, run_id, resume[1] if resume else None)
         client = mlflow_client(cfg.tracking_uri)
         client.log_artifact(run_id, executed)
         if error is not None:
@@ -102,13 +110,34 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
     return results
 
 
-def execute(papermill, notebook: str, executed: str, cfg: RunConfig, run_id: str) -> Exception | None:
+def keep_notebooks(folder: str, stem: str, run_id: str, tracking_uri: str) -> None:
+    """Log the notebooks of a run's earlier passes (stem*.ipynb in folder) to it: a sweep killed outright wrote its
+    notebook as far as it ran, but could not log it."""
+    client = mlflow_client(tracking_uri)
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(stem) and name.endswith(".ipynb"):
+            client.log_artifact(run_id, os.path.join(folder, name))
+
+
+def unused_path(stem: str, suffix: str) -> str:
+    """stem + suffix, or where that exists (the notebook of an interrupted pass, resumed), stem-2 + suffix, ..."""
+    path, n = stem + suffix, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{stem}-{n}{suffix}"
+    return path
+
+
+def execute(papermill, notebook: str, executed: str, cfg: RunConfig, run_id: str,
+            checkpoint: str | None = None) -> Exception | None:
     """The notebook run with cfg's parameters in a fresh kernel into `executed`; the error that stopped it, if one did.
 
-    The kernel inherits this environment: it logs into the run opened here, and takes the parameters as given (the
-    offline preset, if asked for, is already in them). It beats from here (the kernel starts and runs the cells before
-    the notebook's run_variant beats too). Ctrl-C or SIGTERM ends the run KILLED, with its notebook as far as it ran."""
-    with _environ({SWEEP_RUN_ENV: run_id, OFFLINE_ENV: None}), tracking.heartbeat(run_id, cfg.tracking_uri):
+    The kernel inherits this environment: it logs into the run opened here (resuming it from checkpoint where one is
+    given), and takes the parameters as given (the offline preset, if asked for, is already in them). It beats from
+    here (the kernel starts and runs the cells before the notebook's run_variant beats too). Ctrl-C or SIGTERM ends
+    the run KILLED, with its notebook as far as it ran."""
+    changes = {SWEEP_RUN_ENV: run_id, SWEEP_RESUME_ENV: checkpoint, OFFLINE_ENV: None}
+    with _environ(changes), tracking.heartbeat(run_id, cfg.tracking_uri):
         try:
             papermill.execute_notebook(notebook, executed, parameters=cfg.to_dict(), kernel_name="python3",
                                        cwd=os.getcwd(), progress_bar=False)
@@ -119,22 +148,6 @@ def execute(papermill, notebook: str, executed: str, cfg: RunConfig, run_id: str
                 mlflow_client(cfg.tracking_uri).log_artifact(run_id, executed)
             tracking.finish(run_id, cfg.tracking_uri, "KILLED")
             raise
-    return None
-
-
-def finished_run(cfg: RunConfig, sweep: str):
-    """The run of this sweep with cfg's name and exactly cfg's params that needs no rerun, if there is one: FINISHED,
-    or FAILED out of GPU memory (an answer: it does not fit; as a comparison keeps one). Any other failure, or a
-    KILLED run, runs again.
-
-    User values (names) are compared here, not put into MLflow's filter string, where a quote would break it.
-    """
-    client = mlflow_client(cfg.tracking_uri)
-    for run in tracking.search(client, [tracking.experiment_id(cfg)], "attributes.status != 'RUNNING'",
-                               order_by=["attributes.start_time DESC"]):
-        if run_ended(run) and run.data.tags.get("sweep") == sweep and run.info.run_name == cfg.name and \
-                tracking.same_config(run, cfg):
-            return run
     return None
 
 

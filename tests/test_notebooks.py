@@ -1,5 +1,6 @@
 """The notebooks as users and CI run them: nbval against the committed outputs, papermill with parameters."""
 import ast
+import contextlib
 import json
 import os
 import pathlib
@@ -297,6 +298,56 @@ variants:
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     assert client.get_run(run.info.run_id).info.status == "KILLED"
     assert any(a.path.endswith(".ipynb") for a in client.list_artifacts(run.info.run_id))
+
+
+@pytest.mark.integration
+def test_a_sweep_killed_mid_variant_resumes_it_from_its_checkpoint_when_started_again(workdir):
+    """The whole sweep killed while a variant trains (its kernel and training process too: a runtime that ends), then
+    started again: the variant resumes from its last checkpoint into its own run, which reads as one never stopped
+    (it trained from step 0 again, a second run beside the KILLED one); the killed pass's notebook is kept beside."""
+    import signal
+    import time
+
+    import psutil
+
+    from dsnb.report import loss_curve
+    from dsnb.tracking import mlflow_client
+
+    (workdir / "sweep.yaml").write_text(f"""notebook: {NOTEBOOKS / NAMES[1]}
+base: {{max_steps: 24, checkpoint_steps: 2, logging_steps: 1, save_model: false, eval_samples: 0}}
+variants:
+  - {{run_name: long}}
+""")
+    command = [sys.executable, "-m", "dsnb", "sweep", "-f", "sweep.yaml", "--offline"]
+    sweep = subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client, run, deadline = None, None, time.time() + 600
+    while sweep.poll() is None and time.time() < deadline:
+        if (workdir / "mlflow.db").exists():
+            client = client or mlflow_client(f"sqlite:///{workdir}/mlflow.db")
+            runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+            run = next((r for r in runs if r.info.run_name == "long"), None)
+            if run and any(m.step >= 3 for m in client.get_metric_history(run.info.run_id, "loss")):
+                tree = [psutil.Process(sweep.pid), *psutil.Process(sweep.pid).children(recursive=True)]
+                for process in tree:  # papermill's kernel and the training process run in sessions of their own
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+                break
+        time.sleep(0.2)
+    sweep.wait()
+    assert run is not None and sweep.returncode == -signal.SIGKILL
+    assert client.get_run(run.info.run_id).info.status == "RUNNING"  # nothing of it was left to record the kill
+
+    again = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert f"long: resumes its run {run.info.run_id} (killed) from checkpoint-" in again.stdout, again.stdout[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [resumed] = client.search_runs([run.info.experiment_id])
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+    assert not {"failure", "error", "notebook_error"} & set(resumed.data.tags), resumed.data.tags
+    assert resumed.data.tags["resumed"].startswith("from checkpoint-")
+    assert loss_curve(client, run.info.run_id)[0] == list(range(1, 25))  # every step once
+    notebooks = sorted(a.path for a in client.list_artifacts(run.info.run_id) if a.path.endswith(".ipynb"))
+    assert notebooks == [f"long-{run.info.run_id[:8]}-resumed.ipynb", f"long-{run.info.run_id[:8]}.ipynb"]
 
 
 def test_a_sweep_run_again_keeps_a_variant_that_ran_out_of_gpu_memory(workdir, capsys):
