@@ -7,7 +7,8 @@
 Every variant uses the tutorial's LoRA settings, learning rate, seed, data and effective batch of 8 (the
 throughput mode excepted), and runs untimed steps before the timed ones (the compiled variants compile
 in the first and record their CUDA graphs in the second). Ratios are to the tutorial's recipe measured
-in the same invocation; absolute times on a shared machine are noise.
+in the same invocation; absolute times on a shared machine are noise. A bench stopped part way and run again on
+the same machine keeps the runs it had finished and runs the rest, and says so beside its table.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import sys
 
 from . import preflight
 from .config import OFFLINE, ConfigError, RunConfig, read_variants, redact
-from .launch import run_all
+from .compare import continue_jobs, mark_written
 from .tracking import RunResult
 
 # The bench's variants and the fields they share: a YAML file like the other variant sets, shipped in the package
@@ -120,11 +121,7 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
     cfgs = bench_configs(offline, untimed, steps, tracking_uri, path)
     names = only or list(cfgs)
     device = preflight.pick_device()
-    gpu = "cpu"
-    if device.startswith("cuda"):
-        import torch
-
-        gpu = torch.cuda.get_device_name(device)
+    gpu = preflight.device_name(device)
     stem = os.path.join(out_dir, gpu.replace(" ", "_").lower())
     taken = [p for p in (stem + ".json", stem + ".md") if os.path.exists(p)]
     if taken:  # a committed result that --baseline compares against must never be overwritten by a new run
@@ -139,8 +136,9 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
             not_here[name] = str(e)
     # Interleaved, so drift on a shared machine hits every variant alike.
     jobs = [(repeat, name) for repeat in range(repeats) for name in names if name not in not_here]
-    results = run_all([cfgs[name] for _, name in jobs], progress=True, gpus=gpus,
-                      tags=[{"bench_repeat": repeat} for repeat, _ in jobs])
+    results, continued = continue_jobs("bench", [(f"{repeat}/{name}", cfgs[name]) for repeat, name in jobs],
+                                       preflight.this_machine(), gpus=gpus,
+                                       tags=[{"bench_repeat": repeat} for repeat, _ in jobs])
     runs: dict[str, list[RunResult]] = {n: [] for n in names}
     for (_, name), result in zip(jobs, results, strict=True):
         runs[name].append(result)
@@ -155,12 +153,13 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
     result = {"gpu": gpu, "command": command, "untimed_steps": untimed, "timed_steps": steps, "gpus_side_by_side": gpus,
               "mfu_convention": "model FLOPs per real token (6N full, 4N + 6N_trainable LoRA; N = matmul weights) "
                                 "/ dense bf16 datasheet peak",
-              "variants": rows}
+              "variants": rows, **({"continued": continued} if continued else {})}
     os.makedirs(out_dir, exist_ok=True)  # each file whole, none over another's (a bench finished into --out meanwhile)
     written = [preflight.write_new(stem + ".md", markdown(result)),
                preflight.write_new(stem + ".json", json.dumps(result, indent=2))]
     if written != [stem + ".md", stem + ".json"]:
         print(f"{stem}.md or .json appeared while this bench ran; this one's result: {', '.join(written)}")
+    mark_written("bench", results, written[1])
     return result
 
 
@@ -190,6 +189,8 @@ def markdown(result: dict) -> str:
                      f"{ratio} | {r['finished']}/{r['repeats']} |")
     not_run = [f"Not run on this machine: {r['name']}: {r['not_run']}" for r in result["variants"] if r.get("not_run")]
     lines += ([""] + not_run if not_run else []) + ["", f"MFU: {result['mfu_convention']}.", ""]
+    if result.get("continued"):  # measured in two invocations: the ratios mix them
+        lines += [f"Continued: {result['continued']}; ratios mix the two invocations.", ""]
     if any(r.get("quantization") == "fp8" for r in result["variants"]):
         lines += [f"{FP8_MARK} fp8 weights: of bf16's peak too, so bf16-equivalent (fp8's own peak is twice bf16's).",
                   ""]

@@ -18,9 +18,9 @@ import math
 import os
 
 from .config import ConfigError, RunConfig, read_variants
-from .launch import run_all
+from .compare import continue_jobs, mark_written
 from .metrics import RULES, STATES, Budget, fit
-from .preflight import check_output_folder, write_new
+from .preflight import check_output_folder, this_machine, write_new
 from .tracking import RunResult, mlflow_client
 
 def budgets_of(value, path: str) -> list[Budget]:
@@ -148,9 +148,10 @@ def plot_capacity(table, budgets: list[Budget]) -> bytes:
     return buffer.getvalue()
 
 
-def markdown(table, fastest, command: str) -> str:
+def markdown(table, fastest, command: str, continued: str = "") -> str:
     """The map as Markdown: the command, every run's cells, then the fastest fitting variant per budget."""
     return "\n".join(["# dsnb capacity map", "", f"    {command}", "", RULES, "",
+                      *([f"Continued: {continued}.", ""] if continued else []),
                       md_table(table.drop(columns=["run_id"])), "", "## Fastest variant that fits", "",
                       md_table(fastest), ""])
 
@@ -179,7 +180,8 @@ def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dic
     taken = [p for p in outputs.values() if os.path.exists(p)]
     if taken:
         raise ConfigError(f"{taken[0]} exists; move it or pick another --out")
-    results = run_all([cfg for _, _, cfg in cells], progress=progress, gpus=gpus)
+    results, continued = continue_jobs("capacity", [(f"{model}/{name}", cfg) for model, name, cfg in cells],
+                                       this_machine(), progress=progress, gpus=gpus)
     table = capacity_table(cells, results, budgets)
     fastest = fastest_fitting(table, budgets)
     png = plot_capacity(table, budgets)
@@ -190,10 +192,12 @@ def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dic
         os.makedirs(out_dir, exist_ok=True)
         command = f"python -m dsnb capacity -f {path}" + (" --offline" if offline else "") + \
                   (f" --gpus {gpus}" if gpus > 1 else "") + (f" --only {only}" if only else "")
-        written = [write_new(outputs["md"], markdown(table, fastest, command)),  # each whole, none over another's
+        # each file whole, none over another's
+        written = [write_new(outputs["md"], markdown(table, fastest, command, continued)),
                    write_new(outputs["csv"], table.to_csv(index=False)), write_new(outputs["png"], png)]
         if written != list(outputs.values()):
             print(f"capacity files appeared in {out_dir} while this map ran; this one's: {', '.join(written)}")
+    mark_written("capacity", results, written[0] if outputs else "returned")
     return table, fastest, png
 
 

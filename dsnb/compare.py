@@ -152,3 +152,45 @@ def newest_run(cfg: RunConfig, tags: dict | None = None):
     runs = tracking.search(client, [tracking.experiment_id(cfg)], order_by=["attributes.start_time DESC"])
     return next((r for r in runs if r.info.run_name == cfg.name and tracking.same_config(r, cfg) and
                  all(r.data.tags.get(k) == v for k, v in (tags or {}).items())), None)
+
+
+def continue_jobs(kind: str, jobs: list[tuple[str, RunConfig]], machine: str, progress: bool = True, gpus: int = 1,
+                  tags: list[dict] | None = None) -> tuple[list[RunResult], str]:
+    """Run a bench's or capacity map's jobs ((key, config) each), keeping what an interrupted invocation of the same
+    jobs on this machine (GPU and host) measured: its runs that ended (finished, or out of memory) are kept, the
+    others run again; returns every result in order and, where runs were kept, a line that says so (its results were
+    not written, so nothing of it was shown). mark_written(kind, results) then closes the invocation: a later one
+    starts afresh."""
+    if not jobs:  # every variant refused on this machine
+        return [], ""
+    client = mlflow_client(jobs[0][1].tracking_uri)
+    tracking.mark_stale_runs(client)
+    invocation, kept = None, {}
+    experiments = sorted({tracking.experiment_id(c) for _, c in jobs})
+    for run in tracking.search(client, experiments, order_by=["attributes.start_time DESC"]):
+        tag = run.data.tags
+        if tag.get(f"{kind}_invocation") and f"{kind}_written" not in tag and tag.get(f"{kind}_machine") == machine:
+            invocation = invocation or tag[f"{kind}_invocation"]
+            if tag[f"{kind}_invocation"] == invocation:
+                kept.setdefault(tag.get(f"{kind}_job"), run)  # newest first: a job run twice counts its newest
+    places = {i for i, (key, c) in enumerate(jobs) if (run := kept.get(key)) is not None and run_ended(run)
+              and run.info.run_name == c.name and tracking.same_config(run, c)}
+    invocation = invocation if places else uuid.uuid4().hex[:12]
+    todo = [i for i in range(len(jobs)) if i not in places]
+    mine = [{**(tags[i] if tags else {}), f"{kind}_invocation": invocation, f"{kind}_job": jobs[i][0],
+             f"{kind}_machine": machine} for i in todo]
+    note = ""
+    if places:
+        note = (f"{len(places)} of {len(jobs)} runs were measured by an interrupted invocation of this {kind} on this "
+                f"machine ({invocation}) and kept; the other {len(todo)} ran now")
+        say(progress, f"{kind}: continues {note}")
+    fresh = iter(run_all([jobs[i][1] for i in todo], progress=progress, gpus=gpus, tags=mine) if todo else [])
+    results = [RunResult.read(jobs[i][1].tracking_uri, kept[jobs[i][0]].info.run_id, skipped=True) if i in places
+               else next(fresh) for i in range(len(jobs))]
+    return results, note
+
+
+def mark_written(kind: str, results: list[RunResult], where: str) -> None:
+    """Tag an invocation's runs with where its results were written: it is whole, and never continued."""
+    for result in results:
+        mlflow_client(result.tracking_uri).set_tag(result.run_id, f"{kind}_written", where)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,9 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
     preflight.check(cfg)
     sweep_run, sweep_checkpoint = os.environ.pop(SWEEP_RUN_ENV, None), os.environ.pop(SWEEP_RESUME_ENV, None)
     if resume is None and sweep_run and sweep_checkpoint:
+        if not tracking.same_config(tracking.mlflow_client(cfg.tracking_uri).get_run(sweep_run), cfg):
+            raise ConfigError(f"the sweep resumes run {sweep_run} from {sweep_checkpoint}, but this notebook's first "
+                              f"variant is {cfg.name} with another config; a sweep's notebook runs the sweep's variant")
         resume = sweep_run, sweep_checkpoint
     if resume:
         tracking.reopen_run(resume[0], cfg.tracking_uri)
@@ -72,7 +76,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
             raise
         finally:
             bar.close()
-        host_oom = _host_oom(returncode, cfg, kills, run_id, peak_mb)
+        host_oom = _host_oom(returncode, cfg, kills, run_id, peak_mb, log_file)
         ending = "FAILED" if returncode > 0 or host_oom else "KILLED" if returncode else None
         status = _close(run_id, cfg, log_file, ending)
         if returncode and progress:
@@ -121,23 +125,53 @@ def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar
             _ACTIVE.discard(child)
 
 
-def _host_oom(returncode: int, cfg: RunConfig, kills_before: int | None, run_id: str, peak_mb: float | None) -> bool:
-    """Whether the child died of the kernel's out-of-memory killer (SIGKILLed, or for several GPUs torchrun ending
-    after a rank was, while the killer's count in this cgroup went up); if so its run is recorded FAILED out of
-    memory (host RAM)."""
-    killed = returncode == -signal.SIGKILL or cfg.num_gpus > 1 and returncode != 0
-    if not killed or kills_before is None or (metrics.oom_kills() or 0) <= kills_before:
+def _host_oom(returncode: int, cfg: RunConfig, kills_before: int | None, run_id: str, peak_mb: float | None,
+              log_file: str) -> bool:
+    """Whether the child died of the kernel's out-of-memory killer: SIGKILLed (for several GPUs, torchrun saying a
+    rank was), while the killer's count in this memory cgroup went up by a kill no other child of this process has
+    claimed (children side by side); if so its run is recorded FAILED out of memory (host RAM). The count is the
+    cgroup's: in a container, any process of it that the killer took counts, so a SIGKILL from elsewhere at that
+    very moment would be read as out of memory."""
+    global _OOM_CLAIMED
+    if kills_before is None or not (returncode == -signal.SIGKILL or cfg.num_gpus > 1 and returncode != 0
+                                    and _rank_sigkilled(log_file)):
         return False
+    with _LOCK:
+        if (metrics.oom_kills() or 0) <= max(kills_before, _OOM_CLAIMED):
+            return False
+        _OOM_CLAIMED = max(kills_before, _OOM_CLAIMED) + 1
     tracking.record_host_oom(run_id, cfg.tracking_uri, peak_mb)
     return True
 
 
+_OOM_CLAIMED = 0  # the out-of-memory killer's count up to which kills were put down to this process's children
+
+
+def _rank_sigkilled(log_file: str) -> bool:
+    """Whether torchrun's output says a rank ended by SIGKILL ("exitcode  : -9", "Signal 9 (SIGKILL) received")."""
+    with open(log_file, errors="replace") as f:
+        return re.search(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)", f.read()) is not None
+
+
 def _reap(child: subprocess.Popen) -> float | None:
     """Wait for the child if it has ended (its returncode set, as Popen.poll would), with its peak resident memory in
-    MB: what its processes had reached, read from the kernel's record of it, where the child could not log it."""
+    MB: what its processes had reached, read from the kernel's record of it, where the child could not log it. Under
+    Popen's own wait lock, so a poll or wait from another thread (stop_all) never reaps it first and takes it for 0."""
+    lock = getattr(child, "_waitpid_lock", None)
+    if lock is None:  # another Python's Popen: its own poll
+        child.poll()
+        return None
+    if not lock.acquire(False):  # Popen is waiting for it elsewhere: ask again next time
+        return None
     try:
+        if child.returncode is not None:
+            return None
         pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-    except ChildProcessError:  # waited for elsewhere (stop, from another thread)
+    except ChildProcessError:  # not ours to wait for: Popen's own poll decides, as it always did
+        pid = None
+    finally:
+        lock.release()
+    if pid is None:
         child.poll()
         return None
     if pid:

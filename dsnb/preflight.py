@@ -41,6 +41,22 @@ def pick_device() -> str:
     return "cpu"
 
 
+def device_name(device: str) -> str:
+    """The GPU's name for a cuda device, else "cpu"."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(device)
+
+
+def this_machine() -> str:
+    """This host and the device its runs train on: where a bench's or capacity map's interrupted runs may be kept."""
+    import socket
+
+    return f"{socket.gethostname()} {device_name(pick_device())}"
+
+
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 

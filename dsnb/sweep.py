@@ -89,7 +89,11 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
                       f" in run {earlier.info.run_id}; skipped")
             results.append(RunResult.read(cfg.tracking_uri, earlier.info.run_id, skipped=True))
             continue
-        _, resume = reuse(cfg, earlier, progress, name)  # an interrupted one resumes from its last checkpoint
+        try:  # an interrupted one resumes from its last checkpoint
+            _, resume = reuse(cfg, earlier, progress, name)
+        except ConfigError as e:  # still running elsewhere (another sweep on this store): the sweep goes on
+            print(f"{name}: not run: {e}")
+            continue
         short = name.encode()[:200].decode(errors="ignore")  # a file name's limit is 255 bytes
         if resume:
             run_id = resume[0]

@@ -332,7 +332,7 @@ def mark_resumed(run_id: str, tracking_uri: str, checkpoint: str) -> None:
     run = client.get_run(run_id)
     tags = run.data.tags
     note = f"from {os.path.basename(checkpoint)} after: {tags.get('error') or tags.get('failure') or 'a stop'}"
-    for key in ("failure", "error"):
+    for key in ("failure", "error", "notebook_error", "oom"):
         if key in tags:
             client.delete_tag(run_id, key)
     client.set_tag(run_id, "resumed", f"{tags['resumed']}; {note}" if "resumed" in tags else note)
@@ -371,11 +371,12 @@ def record_host_oom(run_id: str, tracking_uri: str, peak_mb: float | None) -> No
     resident memory its process had reached where it could log none."""
     client = mlflow_client(tracking_uri)
     run = client.get_run(run_id)
-    if peak_mb and "peak_cpu_rss_mb" not in run.data.metrics:
+    if peak_mb and peak_mb > run.data.metrics.get("peak_cpu_rss_mb", 0):  # an earlier pass's may be logged, lower
         client.log_metric(run_id, "peak_cpu_rss_mb", peak_mb)
-    client.set_tag(run_id, "failure", "oom")
-    client.set_tag(run_id, "oom", "host RAM")
-    client.set_tag(run_id, "error", HOST_OOM)
+    if run.data.tags.get("failure") != "oom":  # a rank that ran out of GPU memory first said so itself
+        client.set_tag(run_id, "failure", "oom")
+        client.set_tag(run_id, "oom", "host RAM")
+        client.set_tag(run_id, "error", HOST_OOM)
     if run.info.status != "FAILED":
         client.set_terminated(run_id, status="FAILED")
 

@@ -135,3 +135,53 @@ def test_a_variant_this_machine_cannot_run_is_listed_with_why_and_the_rest_run(t
     measured = {"variants": [{"name": "throughput_fp8_compiled", "finished": 3, "ratio_to_tutorial": 9.0}]}
     assert regressions(result, measured) == [f"throughput_fp8_compiled: not run on this machine, so not compared "
                                              f"({row['not_run']})"]
+
+
+@pytest.mark.integration
+def test_a_bench_killed_part_way_keeps_what_it_finished_when_run_again(tmp_path):
+    """The bench killed outright after its first variant finished (a session's limit): run again on the same machine,
+    it keeps that run and measures only the rest, and says so beside its table (it measured everything again); once
+    its result is written, a bench run again starts afresh."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    import mlflow
+    import psutil
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    command = [sys.executable, "-m", "dsnb", "bench", "--offline", "--repeats", "1", "--untimed", "1", "--steps", "1",
+               "--only", "tutorial,fast", "--out", "out", "--tracking_uri", uri]
+    bench = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client, first, deadline = None, None, time.time() + 600
+    while bench.poll() is None and time.time() < deadline:
+        if (tmp_path / "mlflow.db").exists():
+            client = client or mlflow.MlflowClient(uri)
+            runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+            first = next((r for r in runs if r.info.run_name == "tutorial" and r.info.status == "FINISHED"), None)
+            if first:
+                for process in [psutil.Process(bench.pid), *psutil.Process(bench.pid).children(recursive=True)]:
+                    process.kill()
+                break
+        time.sleep(0.2)
+    bench.wait()
+    assert first is not None and not (tmp_path / "out").exists()
+
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "bench: continues 1 of 2 runs were measured by an interrupted invocation" in again.stdout, again.stdout
+    result = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    assert result["continued"].startswith("1 of 2 runs") and "ratios mix the two" in \
+        (tmp_path / "out" / "cpu.md").read_text()
+    runs = client.search_runs([first.info.experiment_id])
+    assert [r.info.run_id for r in runs if r.info.run_name == "tutorial"] == [first.info.run_id]  # not run again
+    assert "FINISHED" in [r.info.status for r in runs if r.info.run_name == "fast"]  # beside a killed one, if it began
+    before = len(runs)
+
+    shutil.move(tmp_path / "out", tmp_path / "earlier")  # written: a bench run again now measures afresh
+    fresh = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert fresh.returncode == 0 and "continues" not in fresh.stdout, fresh.stdout[-3000:]
+    assert "continued" not in json.loads((tmp_path / "out" / "cpu.json").read_text())
+    assert len(client.search_runs([first.info.experiment_id])) == before + 2

@@ -367,3 +367,21 @@ variants:
     [result] = run_sweep("sweep.yaml", offline=True)
     assert result.run_id == run_id
     assert f"too_big: already FAILED (out of memory) in run {run_id}; skipped" in capsys.readouterr().out
+
+
+def test_a_sweep_goes_on_past_a_variant_still_running_elsewhere(workdir, capsys):
+    """A variant whose run another sweep on the same store is training now is said and passed over: the sweep goes on
+    (the variant was neither run beside it nor did its refusal stop the variants after it)."""
+    from dsnb import tracking
+    from dsnb.sweep import load_sweep, run_sweep
+
+    (workdir / "sweep.yaml").write_text(f"""notebook: {NOTEBOOKS / NAMES[1]}
+base: {{max_steps: 2, num_samples: 16}}
+variants:
+  - {{run_name: busy}}
+""")
+    _, [cfg], _ = load_sweep("sweep.yaml", True, None)
+    run_id = tracking.create_run(cfg, tags={"sweep": "sweep"})  # RUNNING, owned by a process alive now (this one)
+    assert run_sweep("sweep.yaml", offline=True) == []
+    assert f"busy: not run: run busy ({run_id}) is still running" in capsys.readouterr().out
+    assert tracking.mlflow_client(cfg.tracking_uri).get_run(run_id).info.status == "RUNNING"
