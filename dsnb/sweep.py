@@ -141,18 +141,58 @@ def execute(papermill, notebook: str, executed: str, cfg: RunConfig, run_id: str
     here (the kernel starts and runs the cells before the notebook's run_variant beats too). Ctrl-C or SIGTERM ends
     the run KILLED, with its notebook as far as it ran."""
     changes = {SWEEP_RUN_ENV: run_id, SWEEP_RESUME_ENV: checkpoint, OFFLINE_ENV: None}
-    with _environ(changes), tracking.heartbeat(run_id, cfg.tracking_uri):
+    stopped: list[int] = []
+    with _environ(changes), tracking.heartbeat(run_id, cfg.tracking_uri), _stops_kernels(stopped):
         try:
             papermill.execute_notebook(notebook, executed, parameters=cfg.to_dict(), kernel_name="python3",
                                        cwd=os.getcwd(), progress_bar=False)
+            error = None
         except Exception as e:  # PapermillExecutionError and kernel deaths alike: record and go on
-            return e
+            error = e
         except BaseException:
-            if os.path.exists(executed):
-                mlflow_client(cfg.tracking_uri).log_artifact(run_id, executed)
-            tracking.finish(run_id, cfg.tracking_uri, "KILLED")
+            _killed(executed, cfg, run_id)
             raise
-    return None
+    if stopped:  # the interrupt reached the kernel, but papermill let the notebook end as if it had failed
+        _killed(executed, cfg, run_id)
+        raise KeyboardInterrupt
+    return error
+
+
+def _killed(executed: str, cfg: RunConfig, run_id: str) -> None:
+    if os.path.exists(executed):
+        mlflow_client(cfg.tracking_uri).log_artifact(run_id, executed)
+    tracking.finish(run_id, cfg.tracking_uri, "KILLED")
+
+
+@contextlib.contextmanager
+def _stops_kernels(stopped: list):
+    """While the block runs, Ctrl-C or SIGTERM also interrupts this process's notebook kernels (as Jupyter's button
+    does: their run_variant stops its training process, which records its run KILLED) and is noted in stopped, then
+    raised here as KeyboardInterrupt; papermill's event loop can swallow that, and the notebook then ended as a cell's
+    error, the sweep going on to the next variant. Outside the main thread signals cannot be caught: nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        import psutil
+
+        stopped.append(signum)
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                if any("ipykernel" in part for part in child.cmdline()):
+                    child.send_signal(signal.SIGINT)
+        raise KeyboardInterrupt
+
+    saved = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
