@@ -67,7 +67,8 @@ def summarize(name: str, results: list[dict]) -> dict:
         row[key] = statistics.median(values) if values else None
         if key in ("samples_per_second", "step_time_ms") and values:
             row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
-    row["wall_seconds"] = statistics.median(r.wall_seconds for r in results) if results else None
+    walls = [r.wall_seconds for r in results if r.wall_seconds is not None]
+    row["wall_seconds"] = statistics.median(walls) if walls else None
     return row
 
 
@@ -94,7 +95,8 @@ def regressions(result: dict, baseline: dict, slack: float = 0.5, pair_seconds: 
         elif ref.get("ratio_to_tutorial") and (row["ratio_to_tutorial"] or 0) < slack * ref["ratio_to_tutorial"]:
             problems.append(f"{name}: {row['ratio_to_tutorial'] or 0:.2f}x the tutorial's recipe, "
                             f"committed {ref['ratio_to_tutorial']:.2f}x")
-    pair = [r["wall_seconds"] for r in result["variants"] if r["name"] in ("tutorial", "tutorial_zero2_offload")]
+    pair = [r["wall_seconds"] for r in result["variants"]
+            if r["name"] in ("tutorial", "tutorial_zero2_offload") and r.get("wall_seconds") is not None]
     if len(pair) == 2 and sum(pair) > pair_seconds:
         problems.append(f"the tutorial pair took {sum(pair):.0f} s (each run's process, start to end); "
                         f"it must stay under {pair_seconds:.0f} s")

@@ -183,6 +183,7 @@ def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dic
     results, continued = continue_jobs("capacity", [(f"{model}/{name}", cfg) for model, name, cfg in cells],
                                        this_machine(), progress=progress, gpus=gpus)
     table = capacity_table(cells, results, budgets)
+    table.attrs["continued"] = continued  # where an interrupted map's runs were kept, it says so
     fastest = fastest_fitting(table, budgets)
     png = plot_capacity(table, budgets)
     client = mlflow_client(cells[0][2].tracking_uri)

@@ -157,22 +157,24 @@ def newest_run(cfg: RunConfig, tags: dict | None = None):
 def continue_jobs(kind: str, jobs: list[tuple[str, RunConfig]], machine: str, progress: bool = True, gpus: int = 1,
                   tags: list[dict] | None = None) -> tuple[list[RunResult], str]:
     """Run a bench's or capacity map's jobs ((key, config) each), keeping what an interrupted invocation of the same
-    jobs on this machine (GPU and host) measured: its runs that ended (finished, or out of memory) are kept, the
-    others run again; returns every result in order and, where runs were kept, a line that says so (its results were
-    not written, so nothing of it was shown). mark_written(kind, results) then closes the invocation: a later one
-    starts afresh."""
+    jobs measured on this machine (host and GPU), as many GPUs side by side, with this dsnb's code: its runs that
+    ended (finished, or out of memory) are kept, the others run again; returns every result in order and, where runs
+    were kept, a line that says so (its results were not written, so nothing of it was shown). An invocation with a
+    run still running (another one, alive now) is not continued. mark_written(kind, results) then closes the
+    invocation: a later one starts afresh."""
     if not jobs:  # every variant refused on this machine
         return [], ""
+    machine = f"{machine}; {gpus} side by side; dsnb {code_fingerprint()}"
     client = mlflow_client(jobs[0][1].tracking_uri)
     tracking.mark_stale_runs(client)
-    invocation, kept = None, {}
-    experiments = sorted({tracking.experiment_id(c) for _, c in jobs})
-    for run in tracking.search(client, experiments, order_by=["attributes.start_time DESC"]):
+    invocations: dict[str, dict] = {}  # newest first, each {job: its newest run}
+    for run in tracking.search(client, sorted({tracking.experiment_id(c) for _, c in jobs}),
+                               order_by=["attributes.start_time DESC"]):
         tag = run.data.tags
         if tag.get(f"{kind}_invocation") and f"{kind}_written" not in tag and tag.get(f"{kind}_machine") == machine:
-            invocation = invocation or tag[f"{kind}_invocation"]
-            if tag[f"{kind}_invocation"] == invocation:
-                kept.setdefault(tag.get(f"{kind}_job"), run)  # newest first: a job run twice counts its newest
+            invocations.setdefault(tag[f"{kind}_invocation"], {}).setdefault(tag.get(f"{kind}_job"), run)
+    invocation, kept = next(((i, runs) for i, runs in invocations.items()
+                             if all(r.info.status != "RUNNING" for r in runs.values())), (None, {}))
     places = {i for i, (key, c) in enumerate(jobs) if (run := kept.get(key)) is not None and run_ended(run)
               and run.info.run_name == c.name and tracking.same_config(run, c)}
     invocation = invocation if places else uuid.uuid4().hex[:12]
@@ -185,12 +187,37 @@ def continue_jobs(kind: str, jobs: list[tuple[str, RunConfig]], machine: str, pr
                 f"machine ({invocation}) and kept; the other {len(todo)} ran now")
         say(progress, f"{kind}: continues {note}")
     fresh = iter(run_all([jobs[i][1] for i in todo], progress=progress, gpus=gpus, tags=mine) if todo else [])
-    results = [RunResult.read(jobs[i][1].tracking_uri, kept[jobs[i][0]].info.run_id, skipped=True) if i in places
-               else next(fresh) for i in range(len(jobs))]
+    results = [kept_result(jobs[i][1].tracking_uri, kept[jobs[i][0]]) if i in places else next(fresh)
+               for i in range(len(jobs))]
     return results, note
 
 
+def kept_result(tracking_uri: str, run) -> RunResult:
+    """A kept run as its runner returned it, its wall time the run's own start to end."""
+    wall = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else None
+    return RunResult.read(tracking_uri, run.info.run_id, skipped=True, wall_seconds=wall)
+
+
+def code_fingerprint() -> str:
+    """A digest of dsnb's code (its modules and shipped YAML): runs measured by other code are not continued."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    folder = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".py", ".yaml")):
+            with open(os.path.join(folder, name), "rb") as f:
+                digest.update(name.encode() + f.read())
+    return digest.hexdigest()[:12]
+
+
 def mark_written(kind: str, results: list[RunResult], where: str) -> None:
-    """Tag an invocation's runs with where its results were written: it is whole, and never continued."""
-    for result in results:
-        mlflow_client(result.tracking_uri).set_tag(result.run_id, f"{kind}_written", where)
+    """Tag every run of the invocations of results with where its results were written: whole, never continued."""
+    if not results:
+        return
+    client = mlflow_client(results[0].tracking_uri)
+    ids = {client.get_run(r.run_id).data.tags.get(f"{kind}_invocation") for r in results} - {None}
+    experiments = sorted({client.get_run(r.run_id).info.experiment_id for r in results})
+    for run in tracking.search(client, experiments):
+        if run.data.tags.get(f"{kind}_invocation") in ids:
+            client.set_tag(run.info.run_id, f"{kind}_written", where)

@@ -66,7 +66,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
         # Several GPUs: torchrun starts one process per GPU; each rank trains, rank 0 logs into run_id.
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.num_gpus}"]
         command = [sys.executable, *(launcher if cfg.num_gpus > 1 else []), "-m", "dsnb.child", child_file]
-        kills = metrics.oom_kills()
+        kills, log_start = metrics.oom_kills(), os.path.getsize(log_file) if os.path.exists(log_file) else 0
         try:  # this process beats too, from the run's first second: a run lost while its child loads is seen
             with tracking.heartbeat(run_id, cfg.tracking_uri):
                 returncode, peak_mb = _watch(command, child_env(cfg.num_gpus * beside, {
@@ -76,7 +76,7 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
             raise
         finally:
             bar.close()
-        host_oom = _host_oom(returncode, cfg, kills, run_id, peak_mb, log_file)
+        host_oom = _host_oom(returncode, cfg, kills, run_id, peak_mb, (log_file, log_start))
         ending = "FAILED" if returncode > 0 or host_oom else "KILLED" if returncode else None
         status = _close(run_id, cfg, log_file, ending)
         if returncode and progress:
@@ -126,7 +126,7 @@ def _watch(command: list[str], env: dict, log_file: str, progress_file: str, bar
 
 
 def _host_oom(returncode: int, cfg: RunConfig, kills_before: int | None, run_id: str, peak_mb: float | None,
-              log_file: str) -> bool:
+              log: tuple[str, int]) -> bool:
     """Whether the child died of the kernel's out-of-memory killer: SIGKILLed (for several GPUs, torchrun saying a
     rank was), while the killer's count in this memory cgroup went up by a kill no other child of this process has
     claimed (children side by side); if so its run is recorded FAILED out of memory (host RAM). The count is the
@@ -134,7 +134,7 @@ def _host_oom(returncode: int, cfg: RunConfig, kills_before: int | None, run_id:
     very moment would be read as out of memory."""
     global _OOM_CLAIMED
     if kills_before is None or not (returncode == -signal.SIGKILL or cfg.num_gpus > 1 and returncode != 0
-                                    and _rank_sigkilled(log_file)):
+                                    and _rank_sigkilled(*log)):
         return False
     with _LOCK:
         if (metrics.oom_kills() or 0) <= max(kills_before, _OOM_CLAIMED):
@@ -147,9 +147,11 @@ def _host_oom(returncode: int, cfg: RunConfig, kills_before: int | None, run_id:
 _OOM_CLAIMED = 0  # the out-of-memory killer's count up to which kills were put down to this process's children
 
 
-def _rank_sigkilled(log_file: str) -> bool:
-    """Whether torchrun's output says a rank ended by SIGKILL ("exitcode  : -9", "Signal 9 (SIGKILL) received")."""
+def _rank_sigkilled(log_file: str, start: int) -> bool:
+    """Whether torchrun's output from start on (a resumed run's log holds its earlier passes' before) says a rank
+    ended by SIGKILL ("exitcode  : -9", "Signal 9 (SIGKILL) received")."""
     with open(log_file, errors="replace") as f:
+        f.seek(start)
         return re.search(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)", f.read()) is not None
 
 

@@ -93,6 +93,7 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
             _, resume = reuse(cfg, earlier, progress, name)
         except ConfigError as e:  # still running elsewhere (another sweep on this store): the sweep goes on
             print(f"{name}: not run: {e}")
+            results.append(RunResult.read(cfg.tracking_uri, earlier.info.run_id, skipped=True))  # RUNNING: exit 1
             continue
         short = name.encode()[:200].decode(errors="ignore")  # a file name's limit is 255 bytes
         if resume:
@@ -142,7 +143,7 @@ def execute(papermill, notebook: str, executed: str, cfg: RunConfig, run_id: str
     the run KILLED, with its notebook as far as it ran."""
     changes = {SWEEP_RUN_ENV: run_id, SWEEP_RESUME_ENV: checkpoint, OFFLINE_ENV: None}
     stopped: list[int] = []
-    with _environ(changes), tracking.heartbeat(run_id, cfg.tracking_uri), _stops_kernels(stopped):
+    with _environ(changes), tracking.heartbeat(run_id, cfg.tracking_uri), _stops_kernels(stopped, run_id):
         try:
             papermill.execute_notebook(notebook, executed, parameters=cfg.to_dict(), kernel_name="python3",
                                        cwd=os.getcwd(), progress_bar=False)
@@ -165,11 +166,13 @@ def _killed(executed: str, cfg: RunConfig, run_id: str) -> None:
 
 
 @contextlib.contextmanager
-def _stops_kernels(stopped: list):
-    """While the block runs, Ctrl-C or SIGTERM also interrupts this process's notebook kernels (as Jupyter's button
-    does: their run_variant stops its training process, which records its run KILLED) and is noted in stopped, then
-    raised here as KeyboardInterrupt; papermill's event loop can swallow that, and the notebook then ended as a cell's
-    error, the sweep going on to the next variant. Outside the main thread signals cannot be caught: nothing changes."""
+def _stops_kernels(stopped: list, run_id: str):
+    """While the block runs, Ctrl-C or SIGTERM also interrupts the notebook kernel this sweep started for run_id (the
+    processes started with it in their environment; their process group, as Jupyter's button does: the kernel's
+    run_variant stops its training process, which records its run KILLED) and is noted in stopped, then raised here as
+    KeyboardInterrupt (once: a second stops the kernel again but leaves the KILLED record to be written); papermill's
+    event loop can swallow that, and the notebook then ended as a cell's error, the sweep going on to the next variant.
+    Outside the main thread signals cannot be caught: nothing changes."""
     import signal
     import threading
 
@@ -178,14 +181,11 @@ def _stops_kernels(stopped: list):
         return
 
     def stop(signum, frame):
-        import psutil
-
+        first = not stopped
         stopped.append(signum)
-        for child in psutil.Process().children():
-            with contextlib.suppress(psutil.Error):
-                if any("ipykernel" in part for part in child.cmdline()):
-                    child.send_signal(signal.SIGINT)
-        raise KeyboardInterrupt
+        interrupt_kernels(run_id)
+        if first:
+            raise KeyboardInterrupt
 
     saved = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -193,6 +193,25 @@ def _stops_kernels(stopped: list):
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def interrupt_kernels(run_id: str) -> None:
+    """SIGINT to the process groups of this process's descendants started for run_id (SWEEP_RUN_ENV in their
+    environment: the kernel, whatever launches it), never to this process's own group."""
+    import signal
+
+    import psutil
+
+    own, groups = os.getpgid(0), set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if child.environ().get(SWEEP_RUN_ENV) == run_id:
+                group = os.getpgid(child.pid)
+                if group != own and group not in groups:
+                    groups.add(group)
+                    os.killpg(group, signal.SIGINT)
+                elif group == own:
+                    child.send_signal(signal.SIGINT)
 
 
 @contextlib.contextmanager

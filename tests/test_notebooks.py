@@ -382,6 +382,7 @@ variants:
 """)
     _, [cfg], _ = load_sweep("sweep.yaml", True, None)
     run_id = tracking.create_run(cfg, tags={"sweep": "sweep"})  # RUNNING, owned by a process alive now (this one)
-    assert run_sweep("sweep.yaml", offline=True) == []
+    [result] = run_sweep("sweep.yaml", offline=True)
+    assert (result.run_id, result.status) == (run_id, "RUNNING")  # shown as it is; the sweep exits 1
     assert f"busy: not run: run busy ({run_id}) is still running" in capsys.readouterr().out
     assert tracking.mlflow_client(cfg.tracking_uri).get_run(run_id).info.status == "RUNNING"
