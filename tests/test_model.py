@@ -53,17 +53,24 @@ def test_zero3_loads_each_weight_into_its_partition_and_counts_it_whole(monkeypa
 
     from dsnb.zero import deepspeed_config
 
-    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
+    import socket
+
+    with socket.socket() as free:  # a port of its own: a fixed one was taken by the same test of another checkout
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                             DS_ACCELERATOR="cpu").items():
         monkeypatch.setenv(name, value)
     cfg = RunConfig(**OFFLINE, quantization="none", lora_r=0, strategy="zero3", offload_param="cpu",
                     offload_optimizer="cpu")
     plain, _ = load_model(cfg.replace(strategy="baseline", offload_param="none", offload_optimizer="none"), "cpu")
     loading = HfDeepSpeedConfig(deepspeed_config(cfg))
-    model, _ = load_model(cfg, "cpu")
-    assert all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters())
-    assert count_parameters(model) == count_parameters(plain)
-    del loading
+    try:  # the hook is global while `loading` lives: a failure here must not leave it armed for the next test
+        model, _ = load_model(cfg, "cpu")
+        assert all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters())
+        assert count_parameters(model) == count_parameters(plain)
+    finally:
+        del loading
 
 
 def test_a_misspelled_lora_target_is_an_error_not_a_dropped_adapter():
