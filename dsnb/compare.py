@@ -216,8 +216,9 @@ def mark_written(kind: str, results: list[RunResult], where: str) -> None:
     if not results:
         return
     client = mlflow_client(results[0].tracking_uri)
-    ids = {client.get_run(r.run_id).data.tags.get(f"{kind}_invocation") for r in results} - {None}
-    experiments = sorted({client.get_run(r.run_id).info.experiment_id for r in results})
+    runs = [client.get_run(r.run_id) for r in results]
+    ids = {run.data.tags.get(f"{kind}_invocation") for run in runs} - {None}
+    experiments = sorted({run.info.experiment_id for run in runs})
     for run in tracking.search(client, experiments):
         if run.data.tags.get(f"{kind}_invocation") in ids:
             client.set_tag(run.info.run_id, f"{kind}_written", where)
