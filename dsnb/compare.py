@@ -168,11 +168,15 @@ def continue_jobs(kind: str, jobs: list[tuple[str, RunConfig]], machine: str, pr
     client = mlflow_client(jobs[0][1].tracking_uri)
     tracking.mark_stale_runs(client)
     invocations: dict[str, dict] = {}  # newest first, each {job: its newest run}
+    written = set()  # one run tagged is enough: a kill while mark_written tagged leaves the rest untagged
     for run in tracking.search(client, sorted({tracking.experiment_id(c) for _, c in jobs}),
                                order_by=["attributes.start_time DESC"]):
         tag = run.data.tags
-        if tag.get(f"{kind}_invocation") and f"{kind}_written" not in tag and tag.get(f"{kind}_machine") == machine:
+        if f"{kind}_written" in tag:
+            written.add(tag.get(f"{kind}_invocation"))
+        elif tag.get(f"{kind}_invocation") and tag.get(f"{kind}_machine") == machine:
             invocations.setdefault(tag[f"{kind}_invocation"], {}).setdefault(tag.get(f"{kind}_job"), run)
+    invocations = {i: runs for i, runs in invocations.items() if i not in written}
     invocation, kept = next(((i, runs) for i, runs in invocations.items()
                              if all(r.info.status != "RUNNING" for r in runs.values())), (None, {}))
     places = {i for i, (key, c) in enumerate(jobs) if (run := kept.get(key)) is not None and run_ended(run)

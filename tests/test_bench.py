@@ -141,7 +141,7 @@ def test_a_variant_this_machine_cannot_run_is_listed_with_why_and_the_rest_run(t
 def test_a_bench_killed_part_way_keeps_what_it_finished_when_run_again(tmp_path):
     """The bench killed outright after its first variant finished (a session's limit): run again on the same machine,
     it keeps that run and measures only the rest, and says so beside its table (it measured everything again); once
-    its result is written, a bench run again starts afresh."""
+    its result is written (a run of it tagged so, if not all), a bench run again starts afresh."""
     import json
     import shutil
     import subprocess
@@ -183,6 +183,8 @@ def test_a_bench_killed_part_way_keeps_what_it_finished_when_run_again(tmp_path)
     before = len(runs)
 
     shutil.move(tmp_path / "out", tmp_path / "earlier")  # written: a bench run again now measures afresh
+    # ... even where a kill while its runs were tagged written left one untagged
+    client.delete_tag(finished[0], "bench_written")
     fresh = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert fresh.returncode == 0 and "continues" not in fresh.stdout, fresh.stdout[-3000:]
     assert "continued" not in json.loads((tmp_path / "out" / "cpu.json").read_text())
