@@ -106,6 +106,12 @@ def oom_kills() -> int | None:
     v2's memory.events, v1's memory.oom_control; a child started from here is in the same cgroup), or None where no
     counter can be read (not Linux, no memory controller). The killer counts on the victim's own cgroup, for a cgroup's
     limit and for the whole machine's RAM alike."""
+    found = oom_counter()
+    return found[1] if found else None
+
+
+def oom_counter() -> tuple[str, int] | None:
+    """(the file that counts this process's memory cgroup's out-of-memory kills, its count now), or None (oom_kills)."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()
@@ -120,14 +126,18 @@ def oom_kills() -> int | None:
         else:
             continue
         for name in files:
-            try:
-                with open(name) as f:
-                    counts = dict(x.split() for x in f if x.strip())
-            except (OSError, ValueError):
-                continue
-            if "oom_kill" in counts:
-                return int(counts["oom_kill"])
+            if (count := read_oom_count(name)) is not None:
+                return name, count
     return None
+
+
+def read_oom_count(name: str) -> int | None:
+    """The oom_kill count in a cgroup's memory.events or memory.oom_control file; None where it cannot be read."""
+    try:
+        with open(name) as f:
+            return int(dict(x.split() for x in f if x.strip())["oom_kill"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def gather_ranks(summary: dict) -> dict:

@@ -80,9 +80,11 @@ def _number(value: float) -> str:
 
 def status_label(run) -> str:
     """A run's status, and for one out of memory, which memory (a run the host's out-of-memory killer stopped is tagged
-    oom=host RAM)."""
+    oom=host RAM; KILLED so tagged: a run whose own process ended unseen while the killer took one of its cgroup's)."""
     if run.info.status == "FAILED" and run.data.tags.get("failure") == "oom":
         return f"FAILED: out of {run.data.tags.get('oom', 'memory')}"
+    if run.info.status == "KILLED" and "oom" in run.data.tags:  # its process gone while the killer struck: likely
+        return f"KILLED: likely out of {run.data.tags['oom']}"
     return run.info.status
 
 

@@ -26,6 +26,7 @@ import zipfile
 from importlib import metadata
 
 from .config import PLACES, RENAMED, ConfigError, RunConfig, describe, redact, sqlite_path
+from .metrics import oom_counter, read_oom_count
 from .preflight import (alive, check_complete, check_output_file, check_scheme, check_sqlite_uri, staged,
                         wait_for_orphans)
 
@@ -273,7 +274,14 @@ def mark_stale_runs(client) -> list[str]:
             why = f"process {tags.get('dsnb.pid')} ended" if gone else \
                 f"its process on {tags.get('dsnb.host')} stopped reporting"
             client.set_tag(run.info.run_id, "failure", "killed")
-            client.set_tag(run.info.run_id, "error", f"{why} without closing this run")
+            why += " without closing this run"
+            if gone and (kills := oom_meanwhile(tags)):  # dsnb run's own process: nothing of dsnb saw how it ended
+                client.set_tag(run.info.run_id, "oom", "host RAM")  # KILLED, not FAILED: a guess is not a verdict
+                why += (f"; meanwhile the kernel's out-of-memory killer took {kills} process(es) of its memory cgroup, "
+                        f"likely this one: {HOST_OOM}")
+                print(f"dsnb: run {run.info.run_id} ({run.info.run_name}) is recorded KILLED: its process {why}",
+                      file=sys.stderr)
+            client.set_tag(run.info.run_id, "error", why)
             client.set_terminated(run.info.run_id, status="KILLED")
             stale.append(run.info.run_id)
     return stale
@@ -313,8 +321,20 @@ def reopen_run(run_id: str, tracking_uri: str) -> None:
 
 
 def owner() -> dict[str, str]:
-    """The tags that make a run this process's, alive now (mark_stale_runs reads them)."""
-    return {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid()), "dsnb.alive": str(int(time.time()))}
+    """The tags that make a run this process's, alive now (mark_stale_runs reads them), with the out-of-memory
+    killer's count in its memory cgroup now, where it can be read (oom_meanwhile)."""
+    tags = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid()), "dsnb.alive": str(int(time.time()))}
+    if counter := oom_counter():
+        tags["dsnb.oom_kills"] = f"{counter[1]} {counter[0]}"
+    return tags
+
+
+def oom_meanwhile(tags: dict) -> int:
+    """How many processes the kernel's out-of-memory killer took in a run's memory cgroup since its process began
+    (the count it tagged then against the same file's now); 0 where either cannot be read."""
+    count, _, counter = tags.get("dsnb.oom_kills", "").partition(" ")
+    now = read_oom_count(counter) if counter else None
+    return max(0, now - int(count)) if now is not None and count.isdigit() else 0
 
 
 def own(client, run_id: str) -> None:

@@ -32,6 +32,19 @@ if b"dsnb.child" in open("/proc/self/cmdline", "rb").read():
     else:
         os.kill(os.getpid(), signal.SIGKILL)
 """
+# the same for `python -m dsnb run`, which trains in its own process: grow (or SIGKILL itself) once it trains
+PLANT_RUN = r"""
+import os, signal, sys, threading, time
+if open("/proc/self/cmdline", "rb").read().split(b"\0")[1:4] == [b"-m", b"dsnb", b"run"] and os.environ.get("PLANT"):
+    def plant():
+        while "dsnb.train" not in sys.modules:  # imported once its run is open
+            time.sleep(0.05)
+        grown = []
+        while os.environ["PLANT"] == "grow":
+            grown.append(b"x" * 2**26)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=plant, daemon=True).start()
+"""
 
 
 def own_cgroup() -> tuple[str, str] | None:
@@ -88,8 +101,8 @@ def memory_cgroup(limit: int):
 def dsnb_in(procs: str | None, workdir, plant: str, *args: str) -> subprocess.CompletedProcess:
     """`python -m dsnb ARGS` in the cgroup of `procs` (None: where the test runs), its training processes planted."""
     (workdir / "plant").mkdir(exist_ok=True)
-    (workdir / "plant" / "sitecustomize.py").write_text(PLANT)
-    env = {**os.environ, "PLANT": plant, "PYTHONPATH": os.pathsep.join(
+    (workdir / "plant" / "sitecustomize.py").write_text(PLANT + PLANT_RUN)
+    env = {**os.environ, "PLANT": plant if plant != "none" else "", "PYTHONPATH": os.pathsep.join(
         [str(workdir / "plant"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     join = f'echo $$ > "{procs}" && ' if procs else ""
     command = ["sh", "-c", join + 'exec "$@"', "sh", sys.executable, "-m", "dsnb", *args]
@@ -134,3 +147,33 @@ def test_a_trainer_sigkilled_from_elsewhere_is_killed_not_out_of_memory(workdir)
     assert [(r.info.status, r.data.tags.get("failure")) for r in runs] == [("KILLED", None)] * 2, \
         [r.data.tags for r in runs]
     assert not any(run_ended(r) for r in runs)  # resumed or run again next time
+
+
+RUN = ["run", "--offline", "--max_steps", "2", "--eval_samples", "0", "--save_model", "false"]
+
+
+@pytest.mark.parametrize("plant", ["grow", "kill"])
+def test_dsnb_run_killed_in_its_own_process_is_told_likely_out_of_host_ram_only_when_the_killer_struck(workdir, plant):
+    """`dsnb run` trains in its own process, so no dsnb process sees how it ended: the next dsnb started finds its run
+    still RUNNING and its process gone, and records it KILLED; where the out-of-memory killer's count in the run's
+    memory cgroup rose meanwhile, it says so (likely out of host RAM), and not where the process was SIGKILLed from
+    elsewhere."""
+    with memory_cgroup(LIMIT) as procs:
+        lost = dsnb_in(procs, workdir, plant, *RUN, "--run_name", "lost")
+        assert lost.returncode == -signal.SIGKILL, lost.stderr[-3000:]
+        [run] = the_runs(workdir)
+        assert run.info.status == "RUNNING" and run.data.tags["dsnb.oom_kills"].startswith("0 "), run.data.tags
+        after = dsnb_in(procs, workdir, "none", *RUN, "--run_name", "after")  # the next start, in the same cgroup
+    assert after.returncode == 0, after.stderr[-3000:]
+    lost, _ = the_runs(workdir)
+    assert lost.info.status == "KILLED" and lost.data.tags["failure"] == "killed", lost.data.tags
+    from dsnb.report import status_label
+
+    if plant == "grow":
+        assert lost.data.tags["oom"] == "host RAM" and "out-of-memory killer took 1 process" in lost.data.tags["error"]
+        assert status_label(lost) == "KILLED: likely out of host RAM"
+        assert f"run {lost.info.run_id} (lost) is recorded KILLED" in after.stderr
+        assert "host RAM ran out" in after.stderr
+    else:
+        assert "oom" not in lost.data.tags and "out-of-memory" not in lost.data.tags["error"], lost.data.tags
+        assert status_label(lost) == "KILLED" and "recorded KILLED" not in after.stderr
