@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import platform
+import re
 import shlex
 import signal
 import socket
@@ -263,7 +264,7 @@ def mark_stale_runs(client) -> list[str]:
     its training process first beat is found too; a run of an older dsnb without the tag counts from its start. A
     process killed but not yet waited for by its own parent (a zombie) has ended (preflight.alive)."""
     wait_for_orphans()  # a run whose dsnb is gone but whose training process is still ending is judged once it has
-    stale = []
+    stale, claimed = [], {}  # claimed: the out-of-memory kills put down to a run so far, by counter
     host = socket.gethostname()
     experiments = [e.experiment_id for e in client.search_experiments()]
     for run in search(client, experiments, "attributes.status = 'RUNNING'") if experiments else []:
@@ -273,12 +274,11 @@ def mark_stale_runs(client) -> list[str]:
         if gone or silent:
             why = f"process {tags.get('dsnb.pid')} ended" if gone else \
                 f"its process on {tags.get('dsnb.host')} stopped reporting"
-            client.set_tag(run.info.run_id, "failure", "killed")
             why += " without closing this run"
-            if gone and (kills := oom_meanwhile(tags)):  # dsnb run's own process: nothing of dsnb saw how it ended
+            client.set_tag(run.info.run_id, "failure", "killed")
+            if tags.get("dsnb.host") == host and (guess := _lost_to_oom(tags, claimed)):
                 client.set_tag(run.info.run_id, "oom", "host RAM")  # KILLED, not FAILED: a guess is not a verdict
-                why += (f"; meanwhile the kernel's out-of-memory killer took {kills} process(es) of its memory cgroup, "
-                        f"likely this one: {HOST_OOM}")
+                why += guess
                 print(f"dsnb: run {run.info.run_id} ({run.info.run_name}) is recorded KILLED: its process {why}",
                       file=sys.stderr)
             client.set_tag(run.info.run_id, "error", why)
@@ -287,11 +287,31 @@ def mark_stale_runs(client) -> list[str]:
     return stale
 
 
+def _lost_to_oom(tags: dict, claimed: dict) -> str:
+    """Why a run whose process ended unseen (a `dsnb run`, which trains in its own process) was likely taken by the
+    kernel's out-of-memory killer: its memory cgroup's kill count, as its process tagged it at its last heartbeat, has
+    risen since, by a kill not yet put down to another run; else "". A guess: a kill of another process of the cgroup
+    in the seconds before its end, or after it before this start, reads the same."""
+    count, _, counter = tags.get("dsnb.oom_kills", "").partition(" ")
+    if not re.fullmatch(r"[0-9]+", count) or ".." in counter or not re.fullmatch(
+            r"/sys/fs/cgroup/[\w./@:\\-]*memory\.(events|oom_control)", counter):
+        return ""  # not tagged (an older dsnb, no counter), or not a counter of this kind: never read
+    now = read_oom_count(counter)
+    if now is None or now - int(count) <= claimed.get(counter, 0):
+        return ""
+    claimed[counter] = claimed.get(counter, 0) + 1
+    return (f"; meanwhile the kernel's out-of-memory killer took {now - int(count)} process(es) of its memory cgroup, "
+            f"likely this one: {HOST_OOM}")
+
+
 @contextlib.contextmanager
 def heartbeat(run_id: str | None, tracking_uri: str):
     """While the block runs, tag the run dsnb.alive (the time) every HEARTBEAT_S seconds from a thread: a run whose
-    process dies with its machine is then known to be gone (mark_stale_runs), wherever its store is read."""
+    process dies with its machine is then known to be gone (mark_stale_runs), wherever its store is read; and the
+    out-of-memory killer's count as of this beat (owner's dsnb.oom_kills)."""
     import threading
+
+    from mlflow.entities import RunTag
 
     if run_id is None:
         yield
@@ -301,7 +321,7 @@ def heartbeat(run_id: str | None, tracking_uri: str):
     def beat():
         while not stop.is_set():
             with contextlib.suppress(Exception):  # a store busy for a moment: the next beat will do
-                client.set_tag(run_id, "dsnb.alive", str(int(time.time())))
+                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in owner().items() if k != "dsnb.pid"])
             stop.wait(HEARTBEAT_S)
 
     thread = threading.Thread(target=beat, daemon=True)
@@ -322,19 +342,13 @@ def reopen_run(run_id: str, tracking_uri: str) -> None:
 
 def owner() -> dict[str, str]:
     """The tags that make a run this process's, alive now (mark_stale_runs reads them), with the out-of-memory
-    killer's count in its memory cgroup now, where it can be read (oom_meanwhile)."""
+    killer's count in its memory cgroup now, where it can be read (_lost_to_oom)."""
     tags = {"dsnb.host": socket.gethostname(), "dsnb.pid": str(os.getpid()), "dsnb.alive": str(int(time.time()))}
     if counter := oom_counter():
         tags["dsnb.oom_kills"] = f"{counter[1]} {counter[0]}"
     return tags
 
 
-def oom_meanwhile(tags: dict) -> int:
-    """How many processes the kernel's out-of-memory killer took in a run's memory cgroup since its process began
-    (the count it tagged then against the same file's now); 0 where either cannot be read."""
-    count, _, counter = tags.get("dsnb.oom_kills", "").partition(" ")
-    now = read_oom_count(counter) if counter else None
-    return max(0, now - int(count)) if now is not None and count.isdigit() else 0
 
 
 def own(client, run_id: str) -> None:
@@ -351,7 +365,8 @@ def mark_resumed(run_id: str, tracking_uri: str, checkpoint: str) -> None:
     own(client, run_id)  # `dsnb run --resume` reopens it here, not through reopen_run
     run = client.get_run(run_id)
     tags = run.data.tags
-    note = f"from {os.path.basename(checkpoint)} after: {tags.get('error') or tags.get('failure') or 'a stop'}"
+    why = (tags.get("error") or tags.get("failure") or "a stop").split("; ")[0]  # its first clause: resumes add up
+    note = f"from {os.path.basename(checkpoint)} after: {why}" + (" (likely out of host RAM)" if "oom" in tags else "")
     for key in ("failure", "error", "notebook_error", "oom"):
         if key in tags:
             client.delete_tag(run_id, key)
