@@ -182,10 +182,11 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
   ;;
 fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) beside the bf16 throughput mode in one call,
   # each a fresh process from a cold compile cache: LEVERS="now fp8head" (default) for the ratio to bf16, then
-  # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss
+  # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss. Each lever is stopped after
+  # LIMIT s (default 420: fp8head's cold compile on an H100 took more than 260 s; bf16's about 150)
   prebuild synthetic:llama-3.2-3b
   for lever in ${LEVERS:-now fp8head}; do
-    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_lever_$lever timeout 260 python3 benchmarks/throughput_levers.py "$lever" \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_lever_$lever timeout "${LIMIT:-420}" python3 benchmarks/throughput_levers.py "$lever" \
       --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_$lever.log" 2>&1
     echo "$lever exit $?: $(tail -1 "$OUT/lever_$lever.log")"
   done
