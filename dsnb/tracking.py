@@ -279,8 +279,7 @@ def mark_stale_runs(client) -> list[str]:
             if tags.get("dsnb.host") == host and (guess := _lost_to_oom(tags, claimed)):
                 client.set_tag(run.info.run_id, "oom", "host RAM")  # KILLED, not FAILED: a guess is not a verdict
                 why += guess
-                print(f"dsnb: run {run.info.run_id} ({run.info.run_name}) is recorded KILLED: its process {why}",
-                      file=sys.stderr)
+                print(f"dsnb: run {run.info.run_id} ({run.info.run_name}) is recorded KILLED: {why}", file=sys.stderr)
             client.set_tag(run.info.run_id, "error", why)
             client.set_terminated(run.info.run_id, status="KILLED")
             stale.append(run.info.run_id)
@@ -349,8 +348,6 @@ def owner() -> dict[str, str]:
     return tags
 
 
-
-
 def own(client, run_id: str) -> None:
     from mlflow.entities import RunTag
 
@@ -366,7 +363,8 @@ def mark_resumed(run_id: str, tracking_uri: str, checkpoint: str) -> None:
     run = client.get_run(run_id)
     tags = run.data.tags
     why = (tags.get("error") or tags.get("failure") or "a stop").split("; ")[0]  # its first clause: resumes add up
-    note = f"from {os.path.basename(checkpoint)} after: {why}" + (" (likely out of host RAM)" if "oom" in tags else "")
+    guessed = tags.get("failure") == "killed" and "oom" in tags  # mark_stale_runs' guess (status_label)
+    note = f"from {os.path.basename(checkpoint)} after: {why}" + (f" (likely out of {tags['oom']})" if guessed else "")
     for key in ("failure", "error", "notebook_error", "oom"):
         if key in tags:
             client.delete_tag(run_id, key)
