@@ -1,5 +1,6 @@
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,13 @@ def order(items):
 # A variant that trains for minutes unless stopped: the interrupt tests stop it once it has logged a few steps.
 LONG = dict(model="synthetic:tiny", dataset="synthetic", num_samples=64, dtype="fp32", max_length=128,
             max_steps=5000, logging_steps=1, save_model=False, eval_samples=0, quantization="none", repeats=1)
+
+
+def free_port() -> int:
+    """A port nothing on 127.0.0.1 listens on now (a fixed one may be taken by another checkout's tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for_training(uri: str, name: str, timeout: float = 240):

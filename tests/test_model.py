@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from conftest import free_port
 from dsnb.config import OFFLINE, ConfigError, RunConfig
 from dsnb.metrics import flops_per_token, matmul_params
 from dsnb.model import SHAPES, count_parameters, load_model
@@ -53,11 +54,7 @@ def test_zero3_loads_each_weight_into_its_partition_and_counts_it_whole(monkeypa
 
     from dsnb.zero import deepspeed_config
 
-    import socket
-
-    with socket.socket() as free:  # a port of its own: a fixed one was taken by the same test of another checkout
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()  # a port of its own: a fixed one was taken by the same test of another checkout
     for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                             DS_ACCELERATOR="cpu").items():
         monkeypatch.setenv(name, value)

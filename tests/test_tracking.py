@@ -4,7 +4,6 @@ import http.server
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import json
 import sys
@@ -17,6 +16,7 @@ import zipfile
 import mlflow
 import pytest
 
+from conftest import free_port
 from dsnb.config import OFFLINE, ConfigError, RunConfig
 from dsnb.tracking import create_run, export_store, mlflow_client
 
@@ -29,10 +29,6 @@ def dsnb(*args, cwd, env=None):
                           timeout=900, env=env)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ in a real headless browser (Debian's chromium and chromedriver, driven by seleni
 import asyncio
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import threading
@@ -14,15 +13,12 @@ import mlflow
 import psutil
 import pytest
 
+from conftest import free_port
 from dsnb.tracking import start_ui
 
 PROXY_HOST = "5000-gpu-t4-s-2u4js8n7fvax5-a.us-west4-1.prod.colab.dev"  # the shape of Colab's proxy host for a port
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def store_with_a_run(folder) -> tuple[str, str, str]:
