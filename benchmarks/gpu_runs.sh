@@ -171,12 +171,12 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
     echo "$name exit $?: $(grep -E '^  speed' "$OUT/$name.log")"; peers_table; }
   # dsnb's row first: the reference, kept however far the peers get in the call's 10 minutes
   if [[ "${PARTS:-b8}" == *b8* ]]; then
-    dsnb_peer dsnb_fast_compiled_b8 180 $(bench_flags fast_compiled 10 30)
-    for p in hf_compile trl_liger unsloth; do peer "${p}_b8" "$p" --batch 8 --untimed 10 --steps 30; done
+    dsnb_peer dsnb_fast_compiled_b8 180 $(bench_flags fast_compiled 20 30)
+    for p in ${PEERS:-hf_compile trl_liger unsloth}; do peer "${p}_b8" "$p" --batch 8 --untimed 20 --steps 30; done
   fi
   if [[ "${PARTS:-b8}" == *packed* ]]; then
-    dsnb_peer dsnb_throughput_cold 220 $(bench_flags throughput_compiled 8 12)
-    for p in trl_liger unsloth; do peer "${p}_packed" "$p" --batch 12 --packed --untimed 5 --steps 20; done
+    dsnb_peer dsnb_throughput_cold 220 $(bench_flags throughput_compiled 8 20)
+    for p in trl_liger unsloth; do peer "${p}_packed" "$p" --batch 12 --packed --untimed 8 --steps 20; done
   fi
   cat "$OUT/peers.md"
   ;;

@@ -22,9 +22,11 @@ the GPU without it, and dsnb does not recompute either), and every peer steps th
 table compares speed at equal work; its "samples a batch as" column says how each laid out its batches.
 
 Timing: the timed steps' wall time between a synchronize before the first timed step and one after the last (a
-TrainerCallback); samples and real (non-padding) tokens counted from the batches the collator built for exactly those
-steps; MFU by dsnb's convention (dsnb/metrics.py: 4 N + 6 N_trainable model FLOPs a real token over the datasheet
-peak). Peak GPU memory from torch's allocator over the whole process. A peer that fails is recorded with its error.
+TrainerCallback), and each timed step's on the host clock (its median and slowest: a step that compiles or tunes
+kernels for a new batch shape shows as the slowest); samples and real (non-padding) tokens counted from the batches
+the collator built for exactly those steps; MFU by dsnb's convention (dsnb/metrics.py: 4 N + 6 N_trainable model
+FLOPs a real token over the datasheet peak). Peak GPU memory from torch's allocator over the whole process. A peer
+that fails is recorded with its error.
 """
 from __future__ import annotations
 
@@ -99,9 +101,12 @@ def callback(untimed: int, timed: int, clock: dict):
                 clock["start"] = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
+            if untimed < state.global_step < untimed + timed:  # host clock only: the step's loss logging syncs it
+                clock.setdefault("ends", []).append(time.perf_counter())
             if state.global_step == untimed + timed:
                 sync(device())
                 clock["end"] = time.perf_counter()
+                clock["ends"].append(clock["end"])
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
@@ -200,6 +205,7 @@ def measure(a, record: dict) -> None:
     layout = (f"packed rows of {a.max_length}" if a.packed else
               "padding-free" if getattr(trainer.args, "padding_free", False) else "padded per batch")
     seconds = clock["end"] - clock["start"]
+    steps = [b - a for a, b in zip([clock["start"]] + clock["ends"][:-1], clock["ends"], strict=True)]
     samples, tokens = (sum(x) for x in zip(*counter.batches[a.untimed:a.untimed + a.steps], strict=True))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     per_token = flops_per_token(model.config, trainable, full=False)
@@ -211,6 +217,7 @@ def measure(a, record: dict) -> None:
                   real_tokens=tokens,
                   samples_per_second=samples / seconds, tokens_per_second=tokens / seconds,
                   mfu=tokens / seconds * per_token / peak if peak else None, trainable_params=trainable,
+                  median_step_ms=1000 * sorted(steps)[len(steps) // 2], slowest_step_ms=1000 * max(steps),
                   flops_per_token=per_token, gpu=name, last_loss=clock.get("loss"),
                   peak_gpu_allocated_mb=memory(torch.cuda.max_memory_allocated),
                   peak_gpu_reserved_mb=memory(torch.cuda.max_memory_reserved))
@@ -255,7 +262,8 @@ def dsnb_rows(path: str) -> list[dict]:
         rows.append({"peer": r["name"], "batch": 12 if packed else 8, "status": r["status"], "error": r.get("failure"),
                      "layout": "filled rows of 1024" if packed else "padded to a multiple of 64",
                      "samples_per_second": m.get("samples_per_second"), "tokens_per_second": m.get("tokens_per_second"),
-                     "mfu": m.get("mfu"), "peak_gpu_allocated_mb": m.get("peak_gpu_allocated_mb")})
+                     "mfu": m.get("mfu"), "peak_gpu_allocated_mb": m.get("peak_gpu_allocated_mb"),
+                     "mean_step_ms": m.get("step_time_ms")})
     return rows
 
 
@@ -263,15 +271,18 @@ def table(paths: list[str]) -> str:
     rows = [json.loads(line) for line in open(paths[0])] if os.path.exists(paths[0]) else []
     for path in paths[1:]:
         rows += dsnb_rows(path) if os.path.exists(path) else []
-    out = ["| run | batch | samples a batch as | samples/s | real tokens/s | MFU | peak allocated MB | status |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| run | batch | samples a batch as | samples/s | real tokens/s | MFU | mean step ms | median step ms "
+           "| slowest step ms | peak allocated MB | status |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     num = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     for r in rows:
         status = r["status"] + (f": {r['error'][:160]}" if r.get("error") else "")
         layout = r.get("layout") or ("packed" if r.get("packed") else "-")
+        mean = r.get("mean_step_ms") or (1000 * r["seconds"] / r["timed_steps"] if r.get("seconds") else None)
         out.append(f"| {r['peer']} | {r['batch']} | {layout} "
                    f"| {num(r.get('samples_per_second'), ',.1f')} | {num(r.get('tokens_per_second'), ',.0f')} "
-                   f"| {num(r.get('mfu'), '.2%')} | {num(r.get('peak_gpu_allocated_mb'), ',.0f')} | {status} |")
+                   f"| {num(r.get('mfu'), '.2%')} | {num(mean, ',.0f')} | {num(r.get('median_step_ms'), ',.0f')} "
+                   f"| {num(r.get('slowest_step_ms'), ',.0f')} | {num(r.get('peak_gpu_allocated_mb'), ',.0f')} "
+                   f"| {status} |")
     return "\n".join(out)
 
 

@@ -58,7 +58,7 @@ def test_a_failed_peer_is_a_row_with_its_error(tmp_path):
     path.write_text(json.dumps({"peer": "unsloth", "batch": 8, "packed": False, "status": "FAILED",
                                 "error": "NotImplementedError: no GPU"}) + "\n")
     row = peers.table([str(path)]).splitlines()[-1]
-    assert row.startswith("| unsloth | 8 | - | - | - | - | - | FAILED: NotImplementedError: no GPU")
+    assert row.startswith("| unsloth | 8 | - | - | - | - | - | - | - | - | FAILED: NotImplementedError: no GPU")
 
 
 def test_a_peer_stopped_by_the_calls_time_limit_is_recorded_failed_with_why(data, tmp_path):
@@ -87,3 +87,6 @@ def test_the_hf_trainer_peer_times_exactly_its_timed_steps(data, tmp_path):
     assert sum(t for _, t in batches) == sum(len(ids) for ids in d["input_ids"])
     assert (record["samples"], record["real_tokens"]) == (12, sum(t for _, t in batches[1:]))
     assert record["tokens_per_second"] == pytest.approx(record["real_tokens"] / record["seconds"])
+    # each timed step's own time: the 3 steps tile the window, so its median and slowest are two of them
+    assert 0 < record["median_step_ms"] <= record["slowest_step_ms"]
+    assert record["median_step_ms"] + record["slowest_step_ms"] <= 1000 * record["seconds"] * 1.0001
