@@ -165,15 +165,31 @@ for source, spec in YAML.items():  # the capacity map's cells (scale_8b_b16: BAT
     cells = load_capacity(os.path.join(ROOT, f"variants/{spec}.yaml"),
                           overrides={"batch_size": 16} if "_b16" in source else {})[1]
     ROWS += [(cfg.run_name, source, None, cfg) for _, _, cfg in cells]
+# Another GPU: the H100 runs of 2026-12-05 (gpu_runs.sh fp8head and peers), predicted with the rates fitted to the
+# H200's runs, the H200's figures scaled by the H100's datasheet (timing.py): none is fitted, so all are held out
+H100_ROWS = [(variant, f"h100_runs/{source}", None, bench(name, experiment="h100", untimed_steps=untimed,
+                                                            max_steps=untimed + timed))
+             for variant, source, name, untimed, timed in (
+                 ("throughput_now", "fp8head.jsonl", "throughput_compiled", 8, 12),
+                 ("dsnb_fast_compiled_b8", "peers_call1.jsonl", "fast_compiled", 10, 30),
+                 ("dsnb_throughput_cold", "peers_call2.jsonl", "throughput_compiled", 8, 20),
+                 ("dsnb_fast_compiled_b8", "peers_call3.jsonl", "fast_compiled", 20, 30))]
+ROWS += H100_ROWS
 T4_SOURCE = "the tutorial's T4 runs"
 NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2026-11-30 (256 samples packed, SDPA), "
                "whose timed steps recompiled (12 and 98 samples/s; nvidia_h200.md): no steady step to compare",
                ("throughput_levers.jsonl", "rows256"): "rows of 256 tokens made row counts warm-up had not compiled, "
                "so its timed steps recompiled (throughput_levers_h200.md): no steady step to compare",
                ("big_2.jsonl", "8b_lora_zero3_offload_15gb"): "call 3's run, stopped by its call's limit while it "
-               "answered the held-out questions after its 12 steps (11 timed: 2.03 s a step); calls 4 and 5 asked none"}
+               "answered the held-out questions after its 12 steps (11 timed: 2.03 s a step); calls 4 and 5 asked none",
+               ("h100_runs/fp8head.jsonl", "throughput_fp8head"): "fp8 weights with the LM head in fp8 too: a lever of "
+               "throughput_levers.py, no RunConfig field, so no estimate (fp8head_h100.md)",
+               ("h100_runs/peers_call3.jsonl", "dsnb_throughput_cold"): "call 2's run, listed again by call 3 (the "
+               "same store on a machine still warm): compared under h100_runs/peers_call2.jsonl"}
 NOT_TIMED = {"fp8_quality.jsonl": "the quality task's runs (synthetic:small, seconds each), measured for their answers "
-             "(fp8_quality_h200.md), not their step"}
+             "(fp8_quality_h200.md), not their step",
+             "h100_runs/throughput_levers.jsonl": "the lines throughput_levers.py printed for the runs of "
+             "h100_runs/fp8head.jsonl, compared there"}
 # Runs whose step did work that today's code no longer does, with no field to rebuild it: listed, not fitted, not held
 # to the targets (the commits that removed the work are in the git log of 2026-12-01).
 MLFLOW_PER_STEP = ("its compiled step wrote the loss to MLflow every step (10-34 ms a write, as much as the step "
@@ -207,7 +223,8 @@ SIDE_BY_SIDE = ("capacity.jsonl", "multi_gpu.jsonl")
 PASSAGE_ERA = {"t4pad.jsonl", "notebook01.jsonl", "throughput_cold.jsonl", "throughput_rows.jsonl", "t4_passage.jsonl",
                "throughput_keepmask.jsonl", "advise.jsonl", "fp8.jsonl", "graphscheck_2.jsonl", "big_2.jsonl",
                "scale_8b_2.jsonl",
-               "archive/h200_runs/notebook01_cut_at_230s.jsonl"}  # listings trained on the passage prompt
+               "archive/h200_runs/notebook01_cut_at_230s.jsonl", *(source for _, source, _, _ in H100_ROWS)}
+# listings trained on the passage prompt
 # (dsnb's default since 2026-12-02), unless a row's config names another
 PASSAGE_ROWS = {("throughput_levers.jsonl", "inddrop")}  # a lever of 2026-12-03 in an older listing
 LENGTHS_CAP = 1000  # a larger set's first 1,000 samples stand for it (the same generator: a prefix of the same lengths)
@@ -246,7 +263,7 @@ def measured(variant: str, source: str, names) -> tuple:
     """(s/step: the median over the listing's finished runs, wall s: their median, run names); a number as it is."""
     if isinstance(names, float):
         return names, None, []
-    if not os.path.exists(os.path.join(RESULTS, "h200_runs", source)) and "/" not in source:
+    if not os.path.exists(os.path.join(RESULTS, source if "/" in source else os.path.join("h200_runs", source))):
         return None, None, []  # a listing not yet made (a stage written before its GPU call)
     runs = [r for r in listing(source) if r["name"] in (names or [variant]) and r["status"] == "FINISHED"]
     if not runs:  # a cell of the yaml file that this listing does not hold
@@ -306,7 +323,8 @@ def make_row(variant, source, names, cfg) -> dict | None:
         return None
     prompt = cfg.prompt if source in PASSAGE_ERA or (source, variant) in PASSAGE_ROWS else "eos"
     cfg = cfg.replace(prompt=prompt)
-    config, gpu = CONFIG(cfg.model), "T4" if source == T4_SOURCE else "H200"
+    config = CONFIG(cfg.model)
+    gpu = "T4" if source == T4_SOURCE else "H100" if source.startswith("h100_runs/") else "H200"
     samples = lengths(cfg.num_samples, cfg.max_length, prompt)
     row = dict(variant=variant, source=source, gpus=cfg.num_gpus, gpu=gpu, cfg=cfg, config=config,
                trainable=trainable_params(cfg, config), tokens=micro_batch_tokens(cfg, samples), step=step, wall=wall,
@@ -329,7 +347,7 @@ def compare() -> tuple[list[dict], dict, dict]:
             rows.append(row)
             covered |= {(row["source"], run) for run in row["runs"]}
     mark_slowed(rows)
-    current = [r for r in rows if not (r["superseded"] or r["slowed"])]
+    current = [r for r in rows if not (r["superseded"] or r["slowed"]) and r["gpu"] != "H100"]  # the H100's: held out
     rates, used = fit(current)
     for row in rows:
         row["fitted"] = predict(row, rates)
@@ -338,8 +356,9 @@ def compare() -> tuple[list[dict], dict, dict]:
         row["held_out"] = None if alone else row["fitted"] if row not in current else \
             predict(row, fit(current, skip=row)[0])
     skipped = {}
-    for name in sorted(f for f in os.listdir(os.path.join(RESULTS, "h200_runs")) if f.endswith(".jsonl") and
-                       f not in NOT_TIMED):
+    names = [f for f in os.listdir(os.path.join(RESULTS, "h200_runs"))] + \
+        [f"h100_runs/{f}" for f in os.listdir(os.path.join(RESULTS, "h100_runs"))]
+    for name in sorted(f for f in names if f.endswith(".jsonl") and f not in NOT_TIMED):
         for r in listing(name):
             if (name, r["name"]) not in covered or r["status"] != "FINISHED":
                 skipped.setdefault((name, r["name"]), []).append(r["status"])
@@ -478,6 +497,8 @@ def summary(rows: list[dict], used: dict):
     print(stats(HELD_OUT, target))
     print(stats("Seconds per step, in sample (the fitted rates; every H200 run of today's code, the slowed ones too)",
                 [r for r in rows if r["gpu"] == "H200" and not r["superseded"]], "fitted"))
+    print(stats("Seconds per step on another GPU, the H100 (none fitted: the H200's rates scaled by the datasheet)",
+                [r for r in rows if r["gpu"] == "H100"]))
     print("\n| path | runs | slowed | held out | within 25% | median error | worst error |\n"
           "|---|---:|---:|---:|---:|---:|---:|")
     for key in RATES:
@@ -525,7 +546,9 @@ runs, other shapes or sessions; every other path's rate from that path's runs). 
 25%, the median within 10%; tests/test_timing.py holds the median and names the runs that still miss 25% (the
 summary says why). Runs slowed by their host (or started with another cell of a side-by-side call, where no
 replicate measured them) or made by code since replaced are listed apart. Whole runs (wall time,
-from the process's start) add held-out answers, loading and compiling, which are not fitted here.
+from the process's start) add held-out answers, loading and compiling, which are not fitted here. The H100's runs
+(`h100_runs/`, 2026-12-05) are fitted to nothing: each is predicted with the H200's rates scaled by the H100's
+datasheet, a test of that scaling on the one path measured there (dsnb's compiled bf16 LoRA).
 """
 FOOTER = """
 ## What the fit says, and where it still misses
