@@ -22,11 +22,11 @@ the GPU without it, and dsnb does not recompute either), and every peer steps th
 table compares speed at equal work; its "samples a batch as" column says how each laid out its batches.
 
 Timing: the timed steps' wall time between a synchronize before the first timed step and one after the last (a
-TrainerCallback), and each timed step's on the host clock (its median and slowest: a step that compiles or tunes
-kernels for a new batch shape shows as the slowest); samples and real (non-padding) tokens counted from the batches
-the collator built for exactly those steps; MFU by dsnb's convention (dsnb/metrics.py: 4 N + 6 N_trainable model
-FLOPs a real token over the datasheet peak). Peak GPU memory from torch's allocator over the whole process. A peer
-that fails is recorded with its error.
+TrainerCallback), and each timed step's, synchronized at its end (its median and slowest: a step that compiles or
+tunes kernels for a new batch shape shows as the slowest); samples and real (non-padding) tokens counted from the
+batches the collator built for exactly those steps; MFU by dsnb's convention (dsnb/metrics.py: 4 N + 6 N_trainable
+model FLOPs a real token over the datasheet peak). Peak GPU memory from torch's allocator over the whole process. A
+peer that fails is recorded with its error.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 import traceback
@@ -101,12 +102,10 @@ def callback(untimed: int, timed: int, clock: dict):
                 clock["start"] = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            if untimed < state.global_step < untimed + timed:  # host clock only: the step's loss logging syncs it
+            if untimed < state.global_step <= untimed + timed:  # each timed step synced, as its loss's logging
+                sync(device())                                  # would right after: no step's work lands in the next
                 clock.setdefault("ends", []).append(time.perf_counter())
-            if state.global_step == untimed + timed:
-                sync(device())
-                clock["end"] = time.perf_counter()
-                clock["ends"].append(clock["end"])
+                clock["end"] = clock["ends"][-1]
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
@@ -205,7 +204,7 @@ def measure(a, record: dict) -> None:
     layout = (f"packed rows of {a.max_length}" if a.packed else
               "padding-free" if getattr(trainer.args, "padding_free", False) else "padded per batch")
     seconds = clock["end"] - clock["start"]
-    steps = [b - a for a, b in zip([clock["start"]] + clock["ends"][:-1], clock["ends"], strict=True)]
+    steps = [1000 * (b - a) for a, b in zip([clock["start"]] + clock["ends"][:-1], clock["ends"], strict=True)]
     samples, tokens = (sum(x) for x in zip(*counter.batches[a.untimed:a.untimed + a.steps], strict=True))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     per_token = flops_per_token(model.config, trainable, full=False)
@@ -217,7 +216,7 @@ def measure(a, record: dict) -> None:
                   real_tokens=tokens,
                   samples_per_second=samples / seconds, tokens_per_second=tokens / seconds,
                   mfu=tokens / seconds * per_token / peak if peak else None, trainable_params=trainable,
-                  median_step_ms=1000 * sorted(steps)[len(steps) // 2], slowest_step_ms=1000 * max(steps),
+                  step_ms=steps, median_step_ms=statistics.median(steps), slowest_step_ms=max(steps),
                   flops_per_token=per_token, gpu=name, last_loss=clock.get("loss"),
                   peak_gpu_allocated_mb=memory(torch.cuda.max_memory_allocated),
                   peak_gpu_reserved_mb=memory(torch.cuda.max_memory_reserved))

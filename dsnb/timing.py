@@ -207,10 +207,12 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
     """Why an estimate is rough: a path no run measured, or one run measured (a rate fitted to one run cannot be
     held out; benchmarks/time_vs_measured.py lists them)."""
     reasons = []
-    if gpu == "H100" and not (cfg.torch_compile and cfg.lora_r and cfg.quantization == "none" and cfg.dtype == "bf16"
-                              and cfg.strategy == "baseline" and world == 1):
-        reasons.append("an H100 is measured only on dsnb's compiled bf16 LoRA (4 runs, within 11%; "
-                       "time_vs_measured_h200.md), the rest is the H200's figures scaled by datasheet peaks")
+    if gpu == "H100" and not (cfg.torch_compile and cfg.cuda_graphs and cfg.lora_r and cfg.quantization == "none"
+                              and cfg.dtype == "bf16" and cfg.strategy == "baseline" and world == 1
+                              and cfg.padding in ("bucket", "filled")):
+        reasons.append("an H100 is measured only on dsnb's compiled bf16 LoRA of the 3B shape, padded to a multiple "
+                       "of 64 or in filled rows (5 runs, 2-11% under the estimate; time_vs_measured_h200.md), the "
+                       "rest is the H200's figures scaled by datasheet peaks")
     elif gpu not in ("H200", "T4", "H100"):
         reasons.append(f"the {gpu} is not measured, its figures are the H200's scaled by datasheet peaks")
     elif gpu == "T4" and (cfg.torch_compile or cfg.quantization != "8bit" or cfg.lora_r == 0

@@ -83,9 +83,10 @@ def test_every_committed_gpu_run_is_predicted_held_out_by_path(comparison):
     for key in (("notebook01.jsonl", "Without_DeepSpeed"), ("notebook01.jsonl", "With_DeepSpeed"),
                 ("colab.jsonl", "Without_DeepSpeed"), ("colab.jsonl", "With_DeepSpeed"), ("bench.jsonl", "tutorial")):
         assert abs(errors[key]) <= 0.25, (key, errors[key])
-    # the H100's runs, fitted to nothing: the H200's rates scaled by the datasheet, each within 25%
+    # the H100's runs, fitted to nothing: the H200's rates and the H100's datasheet, each 2-11% under (timing.py's
+    # rough line for the H100 says so)
     h100 = {(r["source"], r["variant"]): module.error(r) for r in rows if r["gpu"] == "H100"}
-    assert len(h100) >= 4 and all(abs(e) <= 0.25 for e in h100.values()), h100
+    assert len(h100) >= 4 and all(-0.12 <= e <= -0.015 for e in h100.values()), h100
     assert not any(r["gpu"] == "H100" for rs in comparison[2][1].values() for r in rs)
     slowed = {(r["source"], r["variant"]) for r in rows if r["slowed"]}
     assert slowed == {("speed.jsonl", "tutorial"), ("speed.jsonl", "full"), ("multi_gpu.jsonl", "llama-3.2-3b "
