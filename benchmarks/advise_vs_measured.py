@@ -3,9 +3,9 @@ each run fits a GPU budget, and the ranking against the measured speeds.
 
     python benchmarks/advise_vs_measured.py > benchmarks/results/advise_vs_measured_h200.md
 
-The runs are benchmarks/time_vs_measured.py's (every listing of h200_runs/, each run's config rebuilt from the command
-that made it; repeats of one variant in one listing pooled) and the runs only the results files hold. A run measured
-by code since replaced is listed with the reason and left out of the figures (SUPERSEDED).
+The runs are benchmarks/time_vs_measured.py's (every listing of h200_runs/ and h100_runs/, each run's config rebuilt
+from the command that made it; repeats of one variant in one listing pooled) and the runs only the results files
+hold. A run measured by code since replaced is listed with the reason and left out of the figures (SUPERSEDED).
 """
 import functools
 import os
@@ -210,17 +210,17 @@ def summary(f: dict) -> str:
             f"{len(f['false_fits'])}" + (f" ({'; '.join(f['false_fits'])})" if f["false_fits"] else "") + ".")
 
 
-HEADER = """# What `dsnb advise` predicts against every committed GPU run (H200, synthetic Llama shapes)
+HEADER = """# What `dsnb advise` predicts against every committed GPU run (H200 and H100, synthetic Llama shapes)
 
     python benchmarks/advise_vs_measured.py > benchmarks/results/advise_vs_measured_h200.md
 
 Predicted: `dsnb/estimate.py`'s peak GPU memory (PyTorch's allocator) and host RAM (the process's resident memory,
 per process), made on the CPU from each run's config as `benchmarks/time_vs_measured.py` rebuilds it and the data's
 lengths in the prompt it trained on. Measured: each run's `peak_gpu_allocated_mb` and `peak_cpu_rss_mb` (the median
-over the repeats of one variant in one listing of `h200_runs/`; several GPUs: the largest rank's), or the results file
-named. An error in parentheses was measured by code since replaced (the note says how) and is left out of the
-figures. advise calls a variant "fits" where its GPU estimate, {margin:.0%} above it, fits the budget; the false
-"fits" count judges every run against every budget below.
+over the repeats of one variant in one listing of `h200_runs/` or `h100_runs/`; several GPUs: the largest rank's), or
+the results file named. An error in parentheses was measured by code since replaced (the note says how) and is left
+out of the figures. advise calls a variant "fits" where its GPU estimate, {margin:.0%} above it, fits the budget; the
+false "fits" count judges every run against every budget below.
 """
 RANKING_HEADER = """
 ## The ranking against the measured speeds
