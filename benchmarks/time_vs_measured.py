@@ -245,9 +245,18 @@ PATHS = {  # what each rate's runs have in common: the path it serves
     "t4_offload": "T4, the tutorial's recipe with offload"}
 
 
+def listing_path(name: str) -> str:
+    """A listing's file: a name alone is under h200_runs/, a path is under benchmarks/results/."""
+    return os.path.join(RESULTS, name if "/" in name else os.path.join("h200_runs", name))
+
+
+def held_apart(row: dict) -> bool:
+    """A run of another GPU than those the rates are fitted on (the H100's): predicted, never fitted."""
+    return row["gpu"] == "H100"
+
+
 def listing(name: str) -> list[dict]:
-    path = os.path.join(RESULTS, name if "/" in name else "h200_runs/" + name)
-    runs = [json.loads(line) for line in open(path) if line.strip()]
+    runs = [json.loads(line) for line in open(listing_path(name)) if line.strip()]
     return [dict(r, name=r["lever"], status="FINISHED", metrics=r) if "lever" in r else r for r in runs]
 
 
@@ -264,7 +273,7 @@ def measured(variant: str, source: str, names) -> tuple:
     """(s/step: the median over the listing's finished runs, wall s: their median, run names); a number as it is."""
     if isinstance(names, float):
         return names, None, []
-    if not os.path.exists(os.path.join(RESULTS, source if "/" in source else os.path.join("h200_runs", source))):
+    if not os.path.exists(listing_path(source)):
         return None, None, []  # a listing not yet made (a stage written before its GPU call)
     runs = [r for r in listing(source) if r["name"] in (names or [variant]) and r["status"] == "FINISHED"]
     if not runs:  # a cell of the yaml file that this listing does not hold
@@ -348,7 +357,7 @@ def compare() -> tuple[list[dict], dict, dict]:
             rows.append(row)
             covered |= {(row["source"], run) for run in row["runs"]}
     mark_slowed(rows)
-    current = [r for r in rows if not (r["superseded"] or r["slowed"]) and r["gpu"] != "H100"]  # the H100's: held out
+    current = [r for r in rows if not (r["superseded"] or r["slowed"] or held_apart(r))]
     rates, used = fit(current)
     for row in rows:
         row["fitted"] = predict(row, rates)
@@ -499,11 +508,11 @@ def summary(rows: list[dict], used: dict):
     print(stats("Seconds per step, in sample (the fitted rates; every H200 run of today's code, the slowed ones too)",
                 [r for r in rows if r["gpu"] == "H200" and not r["superseded"]], "fitted"))
     print(stats("Seconds per step on another GPU, the H100 (none fitted: the H200's rates, the H100's datasheet)",
-                [r for r in rows if r["gpu"] == "H100"]))
+                [r for r in rows if held_apart(r)]))
     print("\n| path | runs | slowed | held out | within 25% | median error | worst error |\n"
           "|---|---:|---:|---:|---:|---:|---:|")
     for key in RATES:
-        mine = [r for r in rows if r["calibrates"] == key and not r["superseded"] and r["gpu"] != "H100"]
+        mine = [r for r in rows if r["calibrates"] == key and not (r["superseded"] or held_apart(r))]
         out = [error(r) for r in target if r["calibrates"] == key]
         if mine:
             print(f"| {PATHS[key]} | {len(mine)} | {sum(bool(r['slowed']) for r in mine)} | {len(out)} | "
@@ -514,7 +523,7 @@ def summary(rows: list[dict], used: dict):
           "rates rest on the tutorial's two T4 runs, the only T4 runs there are: its estimate of that recipe is not "
           "rough (it is those runs), of any other recipe on a T4 it is.\n")
     whole = [(r["estimate"]["seconds"] / r["wall"], r["cfg"].torch_compile) for r in rows
-             if r["wall"] and not r["superseded"] and r["gpu"] != "H100"]
+             if r["wall"] and not (r["superseded"] or held_apart(r))]
     for label, compiled in (("under the HF Trainer", False), ("compiled", True)):
         ratios = [w for w, c in whole if c == compiled]
         print(f"- Whole runs {label} (loading{', compiling' if compiled else ''} and set-up not fitted here): "

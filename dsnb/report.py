@@ -15,7 +15,7 @@ import io
 from .config import WORK_FIELDS, redact
 from .data import eval_task
 from .metrics import Budget, busy_host, fit, gpu_taken_mb, mfu_text
-from .tracking import RunResult, existing_store, mlflow_client, search, ui_command
+from .tracking import RunResult, existing_store, mlflow_client, oom_guess, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
 METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second", "train_steps_per_second",
@@ -83,8 +83,8 @@ def status_label(run) -> str:
     oom=host RAM; KILLED so tagged: a run whose own process ended unseen while the killer took one of its cgroup's)."""
     if run.info.status == "FAILED" and run.data.tags.get("failure") == "oom":
         return f"FAILED: out of {run.data.tags.get('oom', 'memory')}"
-    if run.info.status == "KILLED" and "oom" in run.data.tags:  # its process gone while the killer struck: likely
-        return f"KILLED: likely out of {run.data.tags['oom']}"
+    if run.info.status == "KILLED" and (guess := oom_guess(run.data.tags)):  # gone while the killer struck: likely
+        return f"KILLED: likely out of {guess}"
     return run.info.status
 
 

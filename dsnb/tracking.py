@@ -286,6 +286,11 @@ def mark_stale_runs(client) -> list[str]:
     return stale
 
 
+def oom_guess(tags: dict) -> str | None:
+    """The memory mark_stale_runs guessed a lost run ran out of (it tagged the run failure=killed and oom), or None."""
+    return tags["oom"] if tags.get("failure") == "killed" and "oom" in tags else None
+
+
 def _lost_to_oom(tags: dict, claimed: dict) -> str:
     """Why a run whose process ended unseen (a `dsnb run`, which trains in its own process) was likely taken by the
     kernel's out-of-memory killer: its memory cgroup's kill count, as its process tagged it at its last heartbeat, has
@@ -363,8 +368,8 @@ def mark_resumed(run_id: str, tracking_uri: str, checkpoint: str) -> None:
     run = client.get_run(run_id)
     tags = run.data.tags
     why = (tags.get("error") or tags.get("failure") or "a stop").split("; ")[0]  # its first clause: resumes add up
-    guessed = tags.get("failure") == "killed" and "oom" in tags  # mark_stale_runs' guess (status_label)
-    note = f"from {os.path.basename(checkpoint)} after: {why}" + (f" (likely out of {tags['oom']})" if guessed else "")
+    guess = oom_guess(tags)
+    note = f"from {os.path.basename(checkpoint)} after: {why}" + (f" (likely out of {guess})" if guess else "")
     for key in ("failure", "error", "notebook_error", "oom"):
         if key in tags:
             client.delete_tag(run_id, key)

@@ -29,8 +29,6 @@ def dsnb(*args, cwd, env=None):
                           timeout=900, env=env)
 
 
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
     port = free_port()

@@ -19,8 +19,6 @@ from dsnb.tracking import start_ui
 PROXY_HOST = "5000-gpu-t4-s-2u4js8n7fvax5-a.us-west4-1.prod.colab.dev"  # the shape of Colab's proxy host for a port
 
 
-
-
 def store_with_a_run(folder) -> tuple[str, str, str]:
     """(store URI, experiment id, run id): a real SQLite store holding one finished run with metrics."""
     uri = f"sqlite:///{folder}/mlflow.db"
