@@ -16,6 +16,9 @@
 #                                                    # (benchmarks/fp8_quality.py)
 #   OUT=out bash benchmarks/gpu_runs.sh fp8head      # the LM head in fp8 too (throughput_levers.py fp8head) beside
 #                                                    # bf16's throughput mode (LEVERS="fp8 fp8head": beside fp8's)
+#   OUT=out bash benchmarks/gpu_runs.sh chunkloss    # the loss chunked (loss_chunk) against whole logits: the
+#                                                    # throughput mode and the colab_t4 recipe (PARTS="throughput
+#                                                    # t4" by default; t4fast: its compiled fast recipe)
 #   OUT=out bash benchmarks/gpu_runs.sh matmuls      # the throughput mode's frozen-weight matmuls alone, separate and
 #                                                    # fused (q/k/v, gate/up), cuBLAS bf16 (benchmarks/matmul_shapes.py)
 #   OUT=out bash benchmarks/gpu_runs.sh peers        # HF Trainer + compile, TRL + Liger and Unsloth on the bench's task
@@ -191,6 +194,33 @@ fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) besi
     echo "$lever exit $?: $(tail -1 "$OUT/lever_$lever.log")"
   done
   dump fp8head
+  ;;
+chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole logits, each run a fresh process:
+  # PARTS=throughput: the throughput mode, levers now and chunk (throughput_levers.py), each from a cold compile cache;
+  # t4: the colab_t4 preset's 8-bit recipe (the HF Trainer, fp16, bucket padding), 12 steps; t4fast: its fast recipe
+  # compiled in fp16 (a batch of 8). The same samples and steps with and without; peak memory, speed and loss
+  prebuild synthetic:llama-3.2-3b
+  for part in ${PARTS:-throughput t4}; do
+    for chunk in 0 1024; do
+      case $part in
+      throughput)
+        lever=$([ "$chunk" = 0 ] && echo now || echo chunk)
+        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_chunk_$lever timeout "${LIMIT:-240}" python3 benchmarks/throughput_levers.py \
+          "$lever" --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_$lever.log" 2>&1
+        echo "$lever exit $?: $(tail -1 "$OUT/lever_$lever.log")" ;;
+      t4)
+        timeout 100 python3 -m dsnb run "${B3[@]}" --preset colab_t4 --max_steps 12 --untimed_steps 3 --logging_steps 1 \
+          --eval_samples 0 --experiment t4chunk --loss_chunk "$chunk" --run_name "t4_8bit_chunk$chunk" \
+          > "$OUT/t4_8bit_chunk$chunk.log" 2>&1
+        echo "t4 chunk $chunk exit $?" ;;
+      t4fast)
+        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_t4fast_$chunk timeout 170 python3 -m dsnb run "${T4_FAST[@]}" \
+          --torch_compile true --loss_chunk "$chunk" --run_name "t4_fast_chunk$chunk" > "$OUT/t4_fast_chunk$chunk.log" 2>&1
+        echo "t4fast chunk $chunk exit $?" ;;
+      esac
+    done
+  done
+  dump chunkloss
   ;;
 matmuls)  # the 3B layer's matmuls at the throughput mode's 12,288 tokens: the MFU ceiling of matmuls alone
   timeout 120 python3 benchmarks/matmul_shapes.py > "$OUT/matmul_shapes_h200.json"; echo "matmul_shapes exit $?"
@@ -461,7 +491,7 @@ t4pad)  # why 8-bit weights padded per batch took longer a step than padded to 5
   dump t4pad
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|fp8quality|fp8head|matmuls|peers|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|fp8quality|fp8head|chunkloss|matmuls|peers|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
   exit 2
   ;;
 esac

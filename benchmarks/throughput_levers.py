@@ -20,6 +20,8 @@ LEVER is one of:
   fp8head  fp8 with the LM head in fp8 too (issue 38's 1.3x: the head is ~12% of the step's matmul FLOPs, and its
            logits' matmul stays bf16 in fp8; Llama 3.2's head is its input embedding: the head gets an fp8 copy, the
            embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost
+  chunk    now with the loss chunked (loss_chunk 1024, dsnb/loss.py): the LM head and cross-entropy 1,024 tokens at a
+           time, each chunk's gradient made in its forward, so the 12,288 tokens' logits (6.3 GB) are never held
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)
 
 Prints (and with --out appends) one JSON line: the lever, samples/s, real tokens/s, MFU, step time and mean loss
@@ -36,7 +38,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "fp8",
-                                     "fp8head"))
+                                     "fp8head", "chunk"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -47,6 +49,8 @@ def main() -> None:
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
     if a.lever in ("now", "inddrop"):
         return record(a, train.train(cfg.replace(dropout_kernel=a.lever == "now")))
+    if a.lever == "chunk":
+        return record(a, train.train(cfg.replace(loss_chunk=1024)))
     if a.lever in ("fp8", "fp8head"):
         if a.lever == "fp8head":
             head_in_fp8()
@@ -84,7 +88,8 @@ def head_in_fp8() -> None:
 
 
 def record(a, metrics: dict) -> None:
-    keys = ("samples_per_second", "tokens_per_second", "mfu", "step_time_ms", "train_loss", "peak_gpu_allocated_mb")
+    keys = ("samples_per_second", "tokens_per_second", "mfu", "step_time_ms", "train_loss", "peak_gpu_allocated_mb",
+            "peak_gpu_nvml_mb", "est_peak_gpu_mb")
     line = json.dumps({"lever": a.lever, **{k: metrics.get(k) for k in keys}})
     print(line)
     if a.out:

@@ -59,8 +59,8 @@ SEED_MAX = 2**32 - 1  # numpy's seed range, which transformers' set_seed goes th
 # measured, kept and named. Every other field sets the work, and same_work compares it (a new field does, by default).
 NOT_WORK = ("preset", "strategy", "offload_optimizer", "offload_param", "nvme_path", "ds_config_path", "torch_compile",
             "cuda_graphs", "zero_flat_step", "deepcompile", "loss_scale", "attention", "dropout_kernel",
-            "logging_steps", "phase_times", "checkpoint_steps", "checkpoint_minutes", "untimed_steps", "profile",
-            "memory_budget_gb", "ram_budget_gb", "host_ram_check", "repeats", "repeat", "results_folder",
+            "loss_chunk", "logging_steps", "phase_times", "checkpoint_steps", "checkpoint_minutes", "untimed_steps",
+            "profile", "memory_budget_gb", "ram_budget_gb", "host_ram_check", "repeats", "repeat", "results_folder",
             "tracking_uri", "experiment", "run_name", "save_model", "output_dir")
 # Where a run is kept, not what it is: a comparison or sweep finds its runs again under another spelling or place of
 # these (results_folder "dsnb/" or "./dsnb", a store moved with its folder), and a run resumes from any of them.
@@ -185,6 +185,13 @@ class RunConfig:
     elements a Philox call (dsnb/dropout.py), where inductor draws one call an element inside its fused kernels: the
     same keep probability and scale, another random stream. False keeps inductor's. Needs torch_compile true and
     strategy baseline (under ZeRO it has not been measured on a GPU, and inductor's masks stay)."""
+    loss_chunk: int = 0
+    """Tokens at a time of the training loss: the LM head and cross-entropy run chunk by chunk, each chunk's gradient
+    made in its forward, so a step never holds the whole logits (10 bytes a token and vocabulary entry in the HF
+    Trainer's step, 4 compiled: 6.3 GB for 12,288 tokens of Llama 3's 128k vocabulary); 1024 holds about 1 GB.
+    The loss and gradients are the model's own within rounding (dsnb/loss.py). 0 keeps the model's own loss over
+    whole logits. Needs a Llama, Mistral or Qwen 2/3 model and a strategy other than zero3 (which partitions the
+    head's weight)."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training and scored (exact match, F1): drawn with a fixed
     seed from the whole validation split (offline: synthetic questions no training row holds; a file: its rows after
@@ -289,7 +296,7 @@ class RunConfig:
             if getattr(self, name) <= 0:
                 fail(name, f"is {getattr(self, name)}; it must be a positive number")
         for name in ("lora_r", "max_steps", "untimed_steps", "checkpoint_steps", "lr_warmup_steps", "eval_samples",
-                     "repeats", "repeat"):
+                     "repeats", "repeat", "loss_chunk"):
             if getattr(self, name) < 0:
                 fail(name, f"is {getattr(self, name)}; it must be 0 or more")
         for f in dataclasses.fields(self):
@@ -354,6 +361,9 @@ class RunConfig:
         self._check_switches()
         if self.attention == "flex":
             self._check_flex()
+        if self.loss_chunk and self.zero_stage == 3:
+            fail("loss_chunk", "needs the LM head's whole weight, which ZeRO-3 partitions; set loss_chunk 0 or use "
+                               "strategy zero2 (or zero1, zero0, baseline)")
         if self.quantization != "none" and self.lora_r == 0:
             fail("quantization", f"{self.quantization} weights cannot be trained directly; "
                                  "set lora_r > 0 (LoRA) or quantization none")
@@ -461,6 +471,8 @@ class RunConfig:
                            ("loss_scale", "lossscale"), ("dropout_kernel", "inddrop")):
             if getattr(self, name) != RunConfig.__dataclass_fields__[name].default:
                 parts.append(part)
+        if self.loss_chunk:
+            parts.append(f"chunkloss{self.loss_chunk}")
         return "_".join(parts)
 
     def to_dict(self) -> dict:

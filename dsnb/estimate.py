@@ -30,7 +30,8 @@ whole against every committed GPU run (median error 0.5%, 95th percentile 2.8% o
                and 3.4 h more in the eager loop; with 8-bit weights (1.6 h + i) half-precision elements that
                bitsandbytes keeps. Logits: V x (2 + 4 + 4) bytes per token (logits, their fp32 upcast for the
                loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast into the log-softmax).
-               Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without
+               Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without.
+               With loss_chunk, one chunk's V x (4 + 2) and the hidden states' gradient (logits_bytes)
   ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
                compute dtype whatever trains, two under overlap_comm (several GPUs, or the optimizer
                offloaded; dsnb/zero.py). By then the logits' memory is gone, so they raise the peak only
@@ -100,20 +101,19 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     square); on_gpu False: a CPU-only run, whose host RAM holds everything the GPU estimate counts too. The peak is
     the largest of three moments: a backward (activations alive, gradients arriving), the optimizer's step (the
     activations gone, its transient copies made) and, under ZeRO-1/2, the start (the weights copied flat)."""
-    h, layers, inter, vocab = config.hidden_size, config.num_hidden_layers, config.intermediate_size, config.vocab_size
+    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
     act_bytes = 4 if cfg.dtype == "fp32" else 2  # one element of an activation (the compute dtype)
     weights, load_bytes = weight_bytes(cfg, config, trainable)
     held = held_bytes(cfg, config, trainable, world_size, weights, load_bytes)
     per_token_layer = layer_activations(cfg, config) * act_bytes + (
         (EIGHT_BIT_EXTRA * h + inter) * 2 if cfg.quantization == "8bit" else 0)
-    logits = vocab * 2 * act_bytes if cfg.torch_compile else vocab * (act_bytes + 8)
+    logits = logits_bytes(cfg, config, tokens_per_micro_batch, act_bytes)
     # The attention mask of a padded (or packed) row is rows x length x length: nothing at 512 tokens, the whole machine
     # at 100,000 (measured on the CPU: 9 bytes per element of it, fp32, SDPA).
-    activations = tokens_per_micro_batch * (layers * per_token_layer + logits + MASK_BYTES * row_length)
+    activations = tokens_per_micro_batch * (layers * per_token_layer + MASK_BYTES * row_length) + logits
     backward = held["weights"] + held["live"] + held["backward_grads"] + held["states"] + activations
     if cfg.zero_stage == 2:
-        backward = zero2_peak(cfg, config, backward, tokens_per_micro_batch * logits, world_size, act_bytes,
-                              load_bytes, on_gpu)
+        backward = zero2_peak(cfg, config, backward, logits, world_size, act_bytes, load_bytes, on_gpu)
     step = held["weights"] + held["grads"] + held["states"] + step_transients(cfg, trainable, world_size, load_bytes,
                                                                               on_gpu)
     if cfg.deepcompile and cfg.torch_compile and cfg.zero_stage == 3:
@@ -130,6 +130,19 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
             "est_grads_mb": held["backward_grads"] / MB,
             "est_optimizer_mb": (step - held["weights"] - held["grads"]) / MB,
             "est_optimizer_states_mb": held["all_states"] / MB, "est_activations_mb": activations / MB}
+
+
+def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
+    """What the loss holds through a micro-batch's backward: the whole logits, or with loss_chunk (dsnb/loss.py) one
+    chunk's (the head's output upcast to fp32 and, in place, its gradient; beside it the gradient in the compute dtype)
+    and what the chunks leave for the backward: the hidden states' gradient and, where the head trains, its weight's
+    in fp32."""
+    vocab = config.vocab_size
+    if not cfg.loss_chunk:
+        return tokens * vocab * (2 * act_bytes if cfg.torch_compile else act_bytes + 8)
+    upcast = 4 + (act_bytes if act_bytes < 4 else 0)  # fp32 is computed in place: no second copy
+    head_grad = vocab * config.hidden_size * 4 if cfg.lora_r == 0 else 0
+    return min(tokens, cfg.loss_chunk) * vocab * upcast + tokens * config.hidden_size * act_bytes + head_grad
 
 
 def layer_activations(cfg: RunConfig, config) -> float:

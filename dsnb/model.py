@@ -254,6 +254,10 @@ def load_model(cfg: RunConfig, device: str, tokenizer=None):
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if cfg.loss_chunk:  # before peft wraps it: peft's forward calls this model's
+        from .loss import chunk_the_loss  # deferred: it loads torch at import
+
+        chunk_the_loss(model, cfg.loss_chunk)
     if cfg.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 

@@ -1,0 +1,99 @@
+"""The training loss computed chunk by chunk (cfg.loss_chunk): the LM head and cross-entropy over `chunk` tokens at a
+time, so a step never holds the whole logits.
+
+    chunk_the_loss(model, 1024)   # a transformers causal LM, before peft wraps it: its training forwards with
+                                  # labels now return the loss and no logits
+
+A causal LM's own forward makes logits for every token (tokens x V, V = 128,256 for Llama 3), upcasts them to fp32 for
+the cross-entropy and keeps both for the backward: 10 bytes a token and vocabulary entry in the HF Trainer's eager step,
+4 in dsnb's compiled one (estimate.py). On the throughput mode's 12,288 tokens a micro-batch that is 6.3 GB. Here the
+forward runs the model to its last hidden state, then for each chunk of tokens: the head's logits, their fp32
+log-sum-exp and the loss of the labelled tokens, and at once the gradient of that loss to the chunk's hidden state
+(softmax minus the label's one-hot, over the step's label count, through the head's weight) and, where the head trains,
+to its weight. The backward only scales those by the loss's incoming gradient. No matmul is added: the head's forward
+and its two backward matmuls run as before, chunk by chunk. The loss and gradients are the model's own within rounding
+(the sums go in another order; tests/test_loss.py).
+
+Labels follow transformers' ForCausalLMLoss: token t predicts label t + 1, -100 is ignored, and the sum is divided by
+the Trainer's num_items_in_batch (the step's label count) where it is given, else by this batch's. Only architectures
+whose head is a plain Linear on the last hidden state are changed (Llama, Mistral, Qwen 2/3); others are refused, as is
+a head ZeRO-3 partitions (its weight is gathered only inside the head's own forward).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .config import ConfigError
+
+IGNORE = -100
+PLAIN_HEADS = ("llama", "mistral", "qwen2", "qwen3")  # CausalLM forward: lm_head(last_hidden_state), nothing after it
+
+
+class HeadLoss(torch.autograd.Function):
+    """sum over labelled tokens of cross_entropy(hidden @ weight.T, target) * scale, with both gradients made in the
+    forward, chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, scale, chunk: int):
+        grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            h, t = hidden[start:start + chunk], targets[start:start + chunk]
+            logits = (h @ weight.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            labelled = t != IGNORE
+            picked = t.clamp(min=0).unsqueeze(1)
+            total += torch.where(labelled, lse - logits.gather(1, picked).squeeze(1), 0.0).sum()
+            if grad_hidden is None and grad_weight is None:
+                continue
+            grad = logits.sub_(lse.unsqueeze(1)).exp_()  # softmax, in the logits' place
+            grad.scatter_add_(1, picked, torch.full_like(lse, -1.0).unsqueeze(1))
+            grad = grad.mul_(torch.where(labelled, scale, 0.0).unsqueeze(1)).to(h.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:start + chunk] = grad @ weight
+            if grad_weight is not None:
+                grad_weight += (grad.t() @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
+                None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype), None, None, None)
+
+
+def head_loss(hidden, weight, labels, num_items_in_batch, chunk: int):
+    """The causal LM loss of hidden (batch, tokens, h) through the head's weight against labels (batch, tokens), as
+    transformers' ForCausalLMLoss computes it from full logits."""
+    targets = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:].reshape(-1)
+    count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum()
+    scale = 1.0 / torch.as_tensor(count, dtype=torch.float32, device=hidden.device)
+    return HeadLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, scale, chunk)
+
+
+def chunk_the_loss(model, chunk: int) -> None:
+    """Make `model`'s training forwards with labels compute the loss `chunk` tokens at a time and return no logits;
+    evaluation (model.eval()) and forwards without labels keep the model's own forward."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    kind = getattr(model.config, "model_type", "?")
+    head = getattr(model, "lm_head", None)
+    if kind not in PLAIN_HEADS or type(head) is not torch.nn.Linear or head.bias is not None:
+        raise ConfigError(f"loss_chunk {chunk} needs a plain Linear head on the last hidden state "
+                          f"({', '.join(PLAIN_HEADS)} models); {kind} is not one: set loss_chunk 0")
+    own = model.forward
+
+    @functools.wraps(own)  # its signature: the Trainer keeps the batch's columns that the forward names
+    def forward(*args, labels=None, logits_to_keep=0, **kwargs):
+        if labels is None or not model.training:
+            return own(*args, labels=labels, logits_to_keep=logits_to_keep, **kwargs)
+        out = model.model(*args, **kwargs)
+        loss = head_loss(out.last_hidden_state, model.lm_head.weight, labels, kwargs.get("num_items_in_batch"), chunk)
+        return CausalLMOutputWithPast(loss=loss)
+
+    model.forward = forward

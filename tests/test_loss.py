@@ -1,0 +1,111 @@
+"""The chunked loss (loss_chunk; dsnb/loss.py): the model's own loss and gradients, without holding the logits."""
+import pytest
+import torch
+
+from conftest import train_here
+from dsnb.config import OFFLINE, ConfigError, RunConfig
+from dsnb.loss import chunk_the_loss, head_loss
+from dsnb.model import load_model
+
+
+def loss_and_grads(cfg, batch, items, compiled=False):
+    torch.manual_seed(0)  # the same LoRA adapters in both models
+    model, _ = load_model(cfg, "cpu")
+    model.train()
+    forward = torch.compile(model) if compiled else model
+    loss = forward(**batch, num_items_in_batch=items).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def a_batch(tokenizer):
+    """Two rows, the second padded (label -100), more tokens than a chunk of 7 divides."""
+    rows = tokenizer(["질문: 서울은 어디에 있나?\n답변: 한국", "질문: a?\n답변: b"], return_tensors="pt", padding=True)
+    labels = rows["input_ids"].masked_fill(rows["attention_mask"] == 0, -100)
+    assert rows["input_ids"].numel() % 7 and (labels == -100).any()
+    return {**rows, "labels": labels}
+
+
+@pytest.mark.parametrize("kind", ["lora", "full", "8bit", "compiled"])
+def test_the_chunked_loss_is_the_models_own(kind):
+    """Loss and every trained weight's gradient as the model's own forward gives them: LoRA, full fine-tuning (the
+    tied head's gradient joins the embedding's), 8-bit weights, and under torch.compile; with the Trainer's
+    num_items_in_batch (the step's label count, here more than this batch holds) and without it."""
+    cfg = RunConfig(**dict(OFFLINE, quantization="8bit" if kind == "8bit" else "none",
+                           lora_r=0 if kind == "full" else 8, lora_dropout=0.0))
+    _, tokenizer = load_model(cfg, "cpu")
+    batch = a_batch(tokenizer)
+    for items in (torch.tensor(40), None):
+        own_loss, own = loss_and_grads(cfg, batch, items, kind == "compiled")
+        loss, grads = loss_and_grads(cfg.replace(loss_chunk=7), batch, items, kind == "compiled")
+        assert loss == pytest.approx(own_loss.item(), rel=1e-5)
+        assert grads.keys() == own.keys() and len(grads) > 0
+        tolerance = 1e-2 if kind == "8bit" else 1e-4  # int8 matmuls round the backward's input differently by batch
+        largest = max(g.abs().max() for g in own.values())  # LoRA's A gets none at first (B starts at zero)
+        assert largest > 0
+        for name, grad in grads.items():
+            assert torch.allclose(grad, own[name], rtol=tolerance, atol=tolerance * largest), name
+
+
+def test_bf16_keeps_the_models_rounding():
+    """In bf16 the logits are rounded as the head gives them and the loss summed in fp32, as transformers does."""
+    torch.manual_seed(1)
+    hidden = torch.randn(3, 11, 16, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 11))
+    labels[2, 5:] = -100
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    own = ForCausalLMLoss(hidden @ weight.t(), labels, 50)
+    own.backward()
+    own_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    loss = head_loss(hidden, weight, labels, None, 4)
+    loss.backward()
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(own.item(), rel=1e-5)
+    for grad, want in zip((hidden.grad, weight.grad), own_grads, strict=True):
+        assert grad.dtype == torch.bfloat16 and torch.allclose(grad.float(), want.float(), rtol=2e-2, atol=1e-3)
+
+
+def test_evaluation_and_generation_keep_the_logits():
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", loss_chunk=5))
+    model, tokenizer = load_model(cfg, "cpu")
+    batch = a_batch(tokenizer)
+    model.train()
+    assert model(**batch).logits is None
+    model.eval()
+    out = model(**batch)
+    assert out.logits is not None and out.logits.shape[-1] == model.config.vocab_size and torch.isfinite(out.loss)
+    assert model.generate(**tokenizer(["질문: a?\n답변:"], return_tensors="pt"), max_new_tokens=2).shape[1] > 2
+
+
+def test_what_it_cannot_chunk_is_refused():
+    with pytest.raises(ConfigError, match="loss_chunk needs the LM head's whole weight, which ZeRO-3 partitions"):
+        RunConfig(**dict(OFFLINE, quantization="none", strategy="zero3", loss_chunk=1024))
+    with pytest.raises(ConfigError, match="loss_chunk is -1; it must be 0 or more"):
+        RunConfig(**dict(OFFLINE, loss_chunk=-1))
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with pytest.raises(ConfigError, match="loss_chunk 8 needs a plain Linear head .*; gpt2 is not one: set loss_chunk"):
+        chunk_the_loss(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)), 8)
+    assert RunConfig(**dict(OFFLINE, loss_chunk=64)).name.endswith("_chunkloss64")
+
+
+def test_a_run_with_the_chunked_loss_trains_the_same_curve(tmp_path):
+    """The Trainer's step and dsnb's compiled loop log the same loss curve with the loss chunked as without, and under
+    DeepSpeed ZeRO-2 too; loss_chunk does not change the work (the runs compare as the same)."""
+    from dsnb.config import WORK_FIELDS
+
+    common = dict(OFFLINE, quantization="none", max_steps=4, logging_steps=1, learning_rate=1e-3, batch_size=2,
+                  grad_accum=2, num_samples=4, eval_samples=0, lora_dropout=0.0, padding="bucket", save_model=False,
+                  prompt="tutorial", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    trainer = RunConfig(**common, run_name="trainer")
+    cfgs = [trainer, trainer.replace(loss_chunk=16, run_name="trainer_chunked"),
+            trainer.replace(torch_compile=True, loss_chunk=16, run_name="compiled_chunked"),
+            trainer.replace(strategy="zero2", loss_chunk=16, run_name="zero2_chunked")]
+    assert "loss_chunk" not in WORK_FIELDS
+    curves = {name: r.curve for name, r in train_here(cfgs, tmp_path).items()}
+    assert len(curves["trainer"]) == 4 and curves["trainer"][-1] < curves["trainer"][0]
+    for name in ("trainer_chunked", "compiled_chunked", "zero2_chunked"):
+        assert curves[name][0] == pytest.approx(curves["trainer"][0], rel=1e-5), name
+        assert curves[name] == pytest.approx(curves["trainer"], rel=1e-3), name
