@@ -18,7 +18,8 @@
 #                                                    # bf16's throughput mode (LEVERS="fp8 fp8head": beside fp8's)
 #   OUT=out bash benchmarks/gpu_runs.sh chunkloss    # the loss chunked (loss_chunk) against whole logits: the
 #                                                    # throughput mode and the colab_t4 recipe (PARTS="throughput
-#                                                    # t4" by default; t4fast: its compiled fast recipe)
+#                                                    # t4" by default; t4fast: its compiled fast recipe;
+#                                                    # b1: the throughput mode's settings on the 1B shape)
 #   OUT=out bash benchmarks/gpu_runs.sh matmuls      # the throughput mode's frozen-weight matmuls alone, separate and
 #                                                    # fused (q/k/v, gate/up), cuBLAS bf16 (benchmarks/matmul_shapes.py)
 #   OUT=out bash benchmarks/gpu_runs.sh peers        # HF Trainer + compile, TRL + Liger and Unsloth on the bench's task
@@ -198,8 +199,9 @@ fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) besi
 chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole logits, each run a fresh process:
   # PARTS=throughput: the throughput mode, levers now and chunk (throughput_levers.py), each from a cold compile cache;
   # t4: the colab_t4 preset's 8-bit recipe (the HF Trainer, fp16, bucket padding), 12 steps; t4fast: its fast recipe
-  # compiled in fp16 (a batch of 8). The same samples and steps with and without; peak memory, speed and loss
-  prebuild synthetic:llama-3.2-3b
+  # compiled in fp16 (a batch of 8); b1: the throughput mode's settings on the 1B shape. The same samples and steps
+  # with and without; peak memory, speed and loss
+  prebuild synthetic:llama-3.2-3b synthetic:llama-3.2-1b
   for part in ${PARTS:-throughput t4}; do
     for chunk in 0 1024; do
       case $part in
@@ -213,6 +215,12 @@ chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole log
           --eval_samples 0 --experiment t4chunk --loss_chunk "$chunk" --run_name "t4_8bit_chunk$chunk" \
           > "$OUT/t4_8bit_chunk$chunk.log" 2>&1
         echo "t4 chunk $chunk exit $?" ;;
+      b1)  # the throughput mode's settings on the 1B shape (16 layers against 3B's 28: another split of the memory
+        # between the layers' activations and the logits), 3 untimed and 5 timed steps
+        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_b1_$chunk timeout 150 python3 -m dsnb run \
+          $(bench_flags throughput_compiled 3 5) --model synthetic:llama-3.2-1b --tracking_uri "$DB" \
+          --loss_chunk "$chunk" --run_name "b1_throughput_chunk$chunk" > "$OUT/b1_chunk$chunk.log" 2>&1
+        echo "b1 chunk $chunk exit $?" ;;
       t4fast)
         TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_t4fast_$chunk timeout 170 python3 -m dsnb run "${T4_FAST[@]}" \
           --torch_compile true --loss_chunk "$chunk" --run_name "t4_fast_chunk$chunk" > "$OUT/t4_fast_chunk$chunk.log" 2>&1
