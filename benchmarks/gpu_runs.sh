@@ -217,12 +217,12 @@ chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole log
         echo "t4 chunk $chunk exit $?" ;;
       b1)  # the throughput mode's settings on the 1B shape (16 layers against 3B's 28: another split of the memory
         # between the layers' activations and the logits), 3 untimed and 5 timed steps
-        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_b1_$chunk timeout 150 python3 -m dsnb run \
+        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_b1_$chunk timeout 120 python3 -m dsnb run \
           $(bench_flags throughput_compiled 3 5) --model synthetic:llama-3.2-1b --tracking_uri "$DB" \
           --loss_chunk "$chunk" --run_name "b1_throughput_chunk$chunk" > "$OUT/b1_chunk$chunk.log" 2>&1
         echo "b1 chunk $chunk exit $?" ;;
       t4fast)
-        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_t4fast_$chunk timeout 170 python3 -m dsnb run "${T4_FAST[@]}" \
+        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_t4fast_$chunk timeout 150 python3 -m dsnb run "${T4_FAST[@]}" \
           --torch_compile true --loss_chunk "$chunk" --run_name "t4_fast_chunk$chunk" > "$OUT/t4_fast_chunk$chunk.log" 2>&1
         echo "t4fast chunk $chunk exit $?" ;;
       esac
