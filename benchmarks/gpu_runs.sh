@@ -19,7 +19,8 @@
 #   OUT=out bash benchmarks/gpu_runs.sh chunkloss    # the loss chunked (loss_chunk) against whole logits: the
 #                                                    # throughput mode and the colab_t4 recipe (PARTS="throughput
 #                                                    # t4" by default; t4fast: its compiled fast recipe;
-#                                                    # b1: the throughput mode's settings on the 1B shape)
+#                                                    # b1: the throughput mode's settings on the 1B shape;
+#                                                    # rows24: 24 rows a micro-batch, chunked)
 #   OUT=out bash benchmarks/gpu_runs.sh matmuls      # the throughput mode's frozen-weight matmuls alone, separate and
 #                                                    # fused (q/k/v, gate/up), cuBLAS bf16 (benchmarks/matmul_shapes.py)
 #   OUT=out bash benchmarks/gpu_runs.sh peers        # HF Trainer + compile, TRL + Liger and Unsloth on the bench's task
@@ -200,9 +201,15 @@ chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole log
   # PARTS=throughput: the throughput mode, levers now and chunk (throughput_levers.py), each from a cold compile cache;
   # t4: the colab_t4 preset's 8-bit recipe (the HF Trainer, fp16, bucket padding), 12 steps; t4fast: its fast recipe
   # compiled in fp16 (a batch of 8); b1: the throughput mode's settings on the 1B shape. The same samples and steps
-  # with and without; peak memory, speed and loss
+  # with and without; peak memory, speed and loss. rows24: the throughput mode with 24 rows a micro-batch, chunked
   prebuild synthetic:llama-3.2-3b synthetic:llama-3.2-1b
   for part in ${PARTS:-throughput t4}; do
+    if [ "$part" = rows24 ]; then  # 24 rows a micro-batch, loss chunked (whole logits would not fit 80 GB)
+      TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_chunk24 timeout "${LIMIT:-300}" python3 benchmarks/throughput_levers.py \
+        chunk24 --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_chunk24.log" 2>&1
+      echo "chunk24 exit $?: $(tail -1 "$OUT/lever_chunk24.log")"
+      continue
+    fi
     for chunk in 0 1024; do
       case $part in
       throughput)

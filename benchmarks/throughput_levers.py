@@ -22,6 +22,8 @@ LEVER is one of:
            embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost
   chunk    now with the loss chunked (loss_chunk 1024, dsnb/loss.py): the LM head and cross-entropy 1,024 tokens at a
            time, each chunk's gradient made in its forward, so the 12,288 tokens' logits (6.3 GB) are never held
+  chunk24  chunk with 24 rows of 1024 tokens a micro-batch, twice the bench's (which whole logits leave no room for on
+           an 80 GB GPU)
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)
 
 Prints (and with --out appends) one JSON line: the lever, samples/s, real tokens/s, MFU, step time and mean loss
@@ -38,7 +40,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "fp8",
-                                     "fp8head", "chunk"))
+                                     "fp8head", "chunk", "chunk24"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -49,8 +51,9 @@ def main() -> None:
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
     if a.lever in ("now", "inddrop"):
         return record(a, train.train(cfg.replace(dropout_kernel=a.lever == "now")))
-    if a.lever == "chunk":
-        return record(a, train.train(cfg.replace(loss_chunk=1024)))
+    if a.lever in ("chunk", "chunk24"):
+        rows = 2 * cfg.batch_size if a.lever == "chunk24" else cfg.batch_size
+        return record(a, train.train(cfg.replace(loss_chunk=1024, batch_size=rows)))
     if a.lever in ("fp8", "fp8head"):
         if a.lever == "fp8head":
             head_in_fp8()
