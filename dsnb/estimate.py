@@ -31,7 +31,7 @@ whole against every committed GPU run (median error 0.5%, 95th percentile 2.8% o
                bitsandbytes keeps. Logits: V x (2 + 4 + 4) bytes per token (logits, their fp32 upcast for the
                loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast into the log-softmax).
                Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without.
-               With loss_chunk, one chunk's V x (4 + 2) and the hidden states' gradient (logits_bytes)
+               With loss_chunk, less what chunking frees, one chunk's and the hidden states' gradient (logits_bytes)
   ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
                compute dtype whatever trains, two under overlap_comm (several GPUs, or the optimizer
                offloaded; dsnb/zero.py). By then the logits' memory is gone, so they raise the peak only
@@ -92,6 +92,13 @@ EAGER_EXTRA = 3.4  # elements per token and layer, in units of the hidden size, 
 ALLOCATOR_FLOOR_MB = 64  # what the allocator holds whatever the model: cuBLAS workspaces, rotary tables (measured: the
 #                          0.4M-parameter quality model peaked at 123 MB allocated, its tensors counting 58)
 LIVE_PARAMETERS = 1e9  # elements: DeepSpeed's stage3_max_live_parameters default
+# Chunking the loss (loss_chunk) of a compiled half-precision step, measured on the H100 (chunkloss_h100.md): it frees
+# 8 bytes a token and vocabulary entry (10.6 GB of 12,288 tokens on the 1B and 3B shapes: 7.9; 24,576 tokens of the
+# 3B: 8.0), where the whole-logits term above counts 2 x 2 (the layers' term, fitted beside it, holds the rest: which
+# tensors inductor keeps is not measured), and a chunk holds 10 (a micro-batch of one 1,024-token chunk took 247 MB
+# more than its whole logits)
+COMPILED_LOGITS_FREED = 8
+COMPILED_CHUNK = 10
 MASK_BYTES = 10  # per element of a row's length x length attention mask (measured 9 on the CPU: synthetic:tiny, fp32)
 
 
@@ -133,16 +140,21 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
 
 
 def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
-    """What the loss holds through a micro-batch's backward: the whole logits, or with loss_chunk (dsnb/loss.py) one
-    chunk's (the head's output upcast to fp32 and, in place, its gradient; beside it the gradient in the compute dtype)
-    and what the chunks leave for the backward: the hidden states' gradient and, where the head trains, its weight's
-    in fp32."""
+    """What the loss holds through a micro-batch's backward: the whole logits (the fitted terms above), or with
+    loss_chunk (dsnb/loss.py) that less what chunking was measured to free, plus one chunk's logits and gradient and
+    what the chunks leave for the backward: the hidden states' gradient and, where the head trains, its weight's in
+    fp32."""
     vocab = config.vocab_size
+    whole = 2 * act_bytes if cfg.torch_compile else act_bytes + 8
     if not cfg.loss_chunk:
-        return tokens * vocab * (2 * act_bytes if cfg.torch_compile else act_bytes + 8)
-    upcast = 4 + (act_bytes if act_bytes < 4 else 0)  # fp32 is computed in place: no second copy
+        return tokens * vocab * whole
+    freed, chunk = whole, 4 + (act_bytes if act_bytes < 4 else 0)  # eager: the terms above (bf16 or fp16 logits,
+    # their fp32 upcast and its gradient); a chunk's fp32 logits, their gradient in place, and it in the compute dtype
+    if cfg.torch_compile and act_bytes == 2:
+        freed, chunk = COMPILED_LOGITS_FREED, COMPILED_CHUNK
     head_grad = vocab * config.hidden_size * 4 if cfg.lora_r == 0 else 0
-    return min(tokens, cfg.loss_chunk) * vocab * upcast + tokens * config.hidden_size * act_bytes + head_grad
+    return (tokens * vocab * (whole - freed) + min(tokens, cfg.loss_chunk) * vocab * chunk
+            + tokens * config.hidden_size * act_bytes + head_grad)
 
 
 def layer_activations(cfg: RunConfig, config) -> float:

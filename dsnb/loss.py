@@ -10,9 +10,10 @@ the cross-entropy and keeps both for the backward: 10 bytes a token and vocabula
 forward runs the model to its last hidden state, then for each chunk of tokens: the head's logits, their fp32
 log-sum-exp and the loss of the labelled tokens, and at once the gradient of that loss to the chunk's hidden state
 (softmax minus the label's one-hot, over the step's label count, through the head's weight) and, where the head trains,
-to its weight. The backward only scales those by the loss's incoming gradient. No matmul is added: the head's forward
-and its two backward matmuls run as before, chunk by chunk. The loss and gradients are the model's own within rounding
-(the sums go in another order; tests/test_loss.py).
+to its weight. The backward only scales those by the loss's incoming gradient. No matmul is added in bf16: the head's
+forward and its two backward matmuls run as before, chunk by chunk. In fp16 the gradients wait for the backward, where
+the loss scale arrives, and each chunk's logits are made again (HeadLoss). The loss and gradients are the model's own
+within rounding (the sums go in another order; tests/test_loss.py).
 
 Labels follow transformers' ForCausalLMLoss: token t predicts label t + 1, -100 is ignored, and the sum is divided by
 the Trainer's num_items_in_batch (the step's label count) where it is given, else by this batch's. Only architectures
@@ -32,39 +33,73 @@ PLAIN_HEADS = ("llama", "mistral", "qwen2", "qwen3")  # CausalLM forward: lm_hea
 
 
 class HeadLoss(torch.autograd.Function):
-    """sum over labelled tokens of cross_entropy(hidden @ weight.T, target) * scale, with both gradients made in the
-    forward, chunk by chunk."""
+    """sum over labelled tokens of cross_entropy(hidden @ weight.T, target) * scale, chunk by chunk. In bf16 and fp32
+    both gradients are made in the forward; in fp16 they wait for the backward, which makes each chunk's logits again
+    (one more head matmul): fp16's loss scale reaches the loss only there, and without it a gradient of (softmax minus
+    one-hot) / label count would underflow fp16 where the model's own backward, scaled, does not."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, scale, chunk: int):
-        grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+        wanted = hidden.requires_grad or weight.requires_grad
+        later = wanted and hidden.dtype == torch.float16
+        grads = Grads(hidden, weight) if wanted and not later else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        lses = []
         for start in range(0, hidden.shape[0], chunk):
             h, t = hidden[start:start + chunk], targets[start:start + chunk]
             logits = (h @ weight.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
-            labelled = t != IGNORE
-            picked = t.clamp(min=0).unsqueeze(1)
-            total += torch.where(labelled, lse - logits.gather(1, picked).squeeze(1), 0.0).sum()
-            if grad_hidden is None and grad_weight is None:
-                continue
-            grad = logits.sub_(lse.unsqueeze(1)).exp_()  # softmax, in the logits' place
-            grad.scatter_add_(1, picked, torch.full_like(lse, -1.0).unsqueeze(1))
-            grad = grad.mul_(torch.where(labelled, scale, 0.0).unsqueeze(1)).to(h.dtype)
-            if grad_hidden is not None:
-                grad_hidden[start:start + chunk] = grad @ weight
-            if grad_weight is not None:
-                grad_weight += (grad.t() @ h).float()
-        ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.weight_dtype = weight.dtype
+            picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+            total += torch.where(t != IGNORE, lse - picked, 0.0).sum()
+            if grads is not None:
+                grads.add(start, h, weight, t, logits_grad(logits, lse, t, scale))
+            if later:
+                lses.append(lse)
+        ctx.chunk, ctx.later, ctx.weight_dtype = chunk, later, weight.dtype
+        if later:
+            ctx.save_for_backward(hidden, weight, targets, scale, torch.cat(lses))
+        elif grads is not None:
+            ctx.save_for_backward(grads.hidden, grads.weight)
         return total * scale
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return (None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
-                None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype), None, None, None)
+        if ctx.later:
+            hidden, weight, targets, scale, lse = ctx.saved_tensors
+            grads = Grads(hidden, weight)
+            for start in range(0, hidden.shape[0], ctx.chunk):
+                h, t = hidden[start:start + ctx.chunk], targets[start:start + ctx.chunk]
+                logits = (h @ weight.t()).float()
+                grads.add(start, h, weight, t, logits_grad(logits, lse[start:start + ctx.chunk], t, scale * grad_loss))
+            grad_hidden, grad_weight = grads.hidden, grads.weight
+        else:
+            grad_hidden, grad_weight = ctx.saved_tensors
+            grad_hidden = None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype)
+            grad_weight = None if grad_weight is None else grad_weight * grad_loss
+        return grad_hidden, None if grad_weight is None else grad_weight.to(ctx.weight_dtype), None, None, None
+
+
+def logits_grad(logits, lse, targets, factor):
+    """The gradient of a chunk's summed loss to its logits times factor, in the hidden states' dtype: softmax minus the
+    label's one-hot on labelled tokens, 0 elsewhere (made in the fp32 logits' place)."""
+    grad = logits.sub_(lse.unsqueeze(1)).exp_()
+    grad.scatter_add_(1, targets.clamp(min=0).unsqueeze(1), torch.full_like(lse, -1.0).unsqueeze(1))
+    return grad.mul_(torch.where(targets != IGNORE, factor, 0.0).unsqueeze(1))
+
+
+class Grads:
+    """The hidden states' gradient and, where the head trains, its weight's (summed over chunks in fp32)."""
+
+    def __init__(self, hidden, weight):
+        self.hidden = torch.empty_like(hidden) if hidden.requires_grad else None
+        self.weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+
+    def add(self, start: int, h, weight, targets, grad) -> None:
+        grad = grad.to(h.dtype)
+        if self.hidden is not None:
+            self.hidden[start:start + len(targets)] = grad @ weight
+        if self.weight is not None:
+            self.weight += (grad.t() @ h).float()
 
 
 def head_loss(hidden, weight, labels, num_items_in_batch, chunk: int):

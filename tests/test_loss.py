@@ -67,6 +67,28 @@ def test_bf16_keeps_the_models_rounding():
         assert grad.dtype == torch.bfloat16 and torch.allclose(grad.float(), want.float(), rtol=2e-2, atol=1e-3)
 
 
+def test_fp16_gradients_wait_for_the_loss_scale():
+    """In fp16 the loss scale (the GradScaler's 2**16) reaches the gradients before they are rounded to fp16, as in the
+    model's own backward: made in the forward, (softmax - one-hot) / 2,000 labels would underflow (NaN and zeros)."""
+    torch.manual_seed(0)
+    hidden = (torch.randn(4, 500, 32) * 0.5).half().requires_grad_()
+    weight = (torch.randn(3000, 32) * 0.5).half().requires_grad_()
+    labels = torch.randint(0, 3000, (4, 500))
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    own = ForCausalLMLoss(hidden @ weight.t(), labels, 3000)
+    (own * 2**16).backward()
+    own_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    loss = head_loss(hidden, weight, labels, None, 300)
+    (loss * 2**16).backward()
+    assert loss.item() == pytest.approx(own.item(), rel=1e-5)
+    for grad, want in zip((hidden.grad, weight.grad), own_grads, strict=True):
+        assert grad.dtype == torch.float16 and torch.isfinite(grad).all()
+        assert (grad != 0).float().mean() == pytest.approx((want != 0).float().mean().item(), abs=1e-4)
+        assert torch.allclose(grad.float(), want.float(), rtol=1e-2, atol=1e-3 * want.float().abs().max())
+
+
 def test_evaluation_and_generation_keep_the_logits():
     cfg = RunConfig(**dict(OFFLINE, quantization="none", loss_chunk=5))
     model, tokenizer = load_model(cfg, "cpu")
