@@ -175,6 +175,21 @@ H100_ROWS = [(variant, f"h100_runs/{source}", None, bench(name, experiment="h100
                  ("dsnb_fast_compiled_b8", "peers_call1.jsonl", "fast_compiled", 10, 30),
                  ("dsnb_throughput_cold", "peers_call2.jsonl", "throughput_compiled", 8, 20),
                  ("dsnb_fast_compiled_b8", "peers_call3.jsonl", "fast_compiled", 20, 30))]
+# gpu_runs.sh chunkloss (2026-12-05, three calls on one H100): each recipe with the loss whole and chunked (loss_chunk
+# 1024; chunkloss_h100.md)
+THROUGHPUT_H100 = bench("throughput_compiled", experiment="h100", untimed_steps=8, max_steps=20)
+B1_H100 = bench("throughput_compiled", model="synthetic:llama-3.2-1b", experiment="h100", untimed_steps=3, max_steps=8)
+for chunk in (0, 1024):
+    H100_ROWS += [
+        ("throughput_now" if not chunk else "throughput_chunk", "h100_runs/chunkloss_call1.jsonl", None,
+         THROUGHPUT_H100.replace(loss_chunk=chunk)),
+        (f"t4_8bit_chunk{chunk}", "h100_runs/chunkloss_call1.jsonl", None,
+         PAD.replace(padding="bucket", loss_chunk=chunk)),
+        (f"b1_throughput_chunk{chunk}", "h100_runs/chunkloss_call2.jsonl", None, B1_H100.replace(loss_chunk=chunk)),
+        (f"t4_fast_chunk{chunk}", "h100_runs/chunkloss_call2.jsonl", None,
+         T4_FAST.replace(untimed_steps=10, loss_chunk=chunk))]
+H100_ROWS.append(("throughput_chunk24", "h100_runs/chunkloss_call3.jsonl", None,
+                  THROUGHPUT_H100.replace(loss_chunk=1024, batch_size=24)))
 ROWS += H100_ROWS
 T4_SOURCE = "the tutorial's T4 runs"
 NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2026-11-30 (256 samples packed, SDPA), "
@@ -190,7 +205,9 @@ NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2
 NOT_TIMED = {"fp8_quality.jsonl": "the quality task's runs (synthetic:small, seconds each), measured for their answers "
              "(fp8_quality_h200.md), not their step",
              "h100_runs/throughput_levers.jsonl": "the lines throughput_levers.py printed for the runs of "
-             "h100_runs/fp8head.jsonl, compared there"}
+             "h100_runs/fp8head.jsonl, compared there",
+             "h100_runs/chunkloss_levers.jsonl": "the lines throughput_levers.py printed for the runs of "
+             "h100_runs/chunkloss_call1.jsonl and chunkloss_call3.jsonl, compared there"}
 # Runs whose step did work that today's code no longer does, with no field to rebuild it: listed, not fitted, not held
 # to the targets (the commits that removed the work are in the git log of 2026-12-01).
 MLFLOW_PER_STEP = ("its compiled step wrote the loss to MLflow every step (10-34 ms a write, as much as the step "

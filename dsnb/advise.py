@@ -41,7 +41,7 @@ OUTSIDE_GB = 2.2  # what CUDA takes outside PyTorch's allocator (context, NCCL, 
 PCIE_GB_S = 5.0  # GB/s between two GPUs over PCIe without NVLink, as NCCL reaches it through the host (assumed; the
 #                  time model's link, timing.RATES["link_gb_s"], is NVLink's as measured on two H200s)
 NVLINK = ("A100", "H100", "H200")  # the classes whose multi-GPU machines join them by NVLink (SXM boards)
-SAME_MEMORY = 0.05  # memory estimates closer than this are the same (the estimate's 95th-percentile error: 2.8%)
+SAME_MEMORY = 0.05  # memory estimates closer than this are the same (the estimate's 95th-percentile error: 2.9%)
 FITS = ("fits", "tight", "no")
 VERIFY_STEPS, VERIFY_UNTIMED = 10, 3  # --verify: a few steps each, the first ones (compiling) untimed
 STRATEGIES = (("baseline", "none", "none"), ("zero1", "none", "none"), ("zero2", "none", "none"),

@@ -186,12 +186,12 @@ class RunConfig:
     same keep probability and scale, another random stream. False keeps inductor's. Needs torch_compile true and
     strategy baseline (under ZeRO it has not been measured on a GPU, and inductor's masks stay)."""
     loss_chunk: int = 0
-    """Tokens at a time of the training loss: the LM head and cross-entropy run chunk by chunk, each chunk's gradient
-    made in its forward, so a step never holds the whole logits (10 bytes a token and vocabulary entry in the HF
-    Trainer's step, 4 compiled: 6.3 GB for 12,288 tokens of Llama 3's 128k vocabulary); 1024 holds about 1 GB.
-    The loss and gradients are the model's own within rounding (dsnb/loss.py). 0 keeps the model's own loss over
-    whole logits. Needs a Llama, Mistral or Qwen 2/3 model and a strategy other than zero3 (which partitions the
-    head's weight)."""
+    """Tokens at a time of the training loss: the LM head and cross-entropy run chunk by chunk, each chunk's gradients
+    made at once, so a step never holds the logits of its whole micro-batch (measured on an H100: 10.6 GB less for
+    12,288 tokens of Llama 3's 128k vocabulary, the same speed; benchmarks/results/chunkloss_h100.md). It helps where a
+    micro-batch holds several chunks (1024 is one chunk of about 1.3 GB). The loss and gradients are the model's own
+    within rounding (dsnb/loss.py). 0 keeps the model's own loss over whole logits. Needs a Llama, Mistral or Qwen
+    2/3 model and a strategy other than zero3 (which partitions the head's weight)."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training and scored (exact match, F1): drawn with a fixed
     seed from the whole validation split (offline: synthetic questions no training row holds; a file: its rows after

@@ -9,7 +9,7 @@ Unlike DeepSpeed's estimators this knows that LoRA trains only the adapters, tha
 are stored in 1 and ~0.5 bytes, that activations and the 128k-vocab logits often dominate, and that a step's peak
 comes at one of three moments: a backward (activations alive, gradients arriving), the optimizer's step (activations
 gone, the step's transient copies made) or, under ZeRO-1/2, the start. benchmarks/advise_vs_measured.py checks the
-whole against every committed GPU run (median error 0.5%, 95th percentile 2.8% over 109 runs). The terms (bytes):
+whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% over 118 runs). The terms (bytes):
   weights      N x 2 or 4 (dtype); quantized: linear weights x 1 (8bit) or 0.53 (4bit NF4 + scales), the rest x 2
   trainable T  LoRA adapters are fp32 (peft) and add their own T x 4; full fine-tuning trains the loaded dtype
   gradients    T x bytes(trainable); DDP (baseline on several GPUs) keeps a second copy in its buckets;
