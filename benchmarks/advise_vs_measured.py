@@ -23,6 +23,7 @@ from dsnb.model import load_tokenizer  # noqa: E402
 
 # (listing, run): (the figures code since replaced measured, why)
 SUPERSEDED = {
+    **{key: ({"gpu"}, T.FP16_CHUNKED) for key in T.SUPERSEDED if T.SUPERSEDED[key] == T.FP16_CHUNKED},
     ("bench.jsonl", "fast_zero2"): ({"gpu"}, "ran with overlap_comm on (two reduce buckets), which dsnb's config for "
                                              "one GPU without offload has since turned off"),
     **{(listing, name): ({"gpu"}, "ran DeepSpeed's own ZeRO-2 step before dsnb's flat step took it over "

@@ -21,7 +21,7 @@ LEVER is one of:
            logits' matmul stays bf16 in fp8; Llama 3.2's head is its input embedding: the head gets an fp8 copy, the
            embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost
   chunk    now with the loss chunked (loss_chunk 1024, dsnb/loss.py): the LM head and cross-entropy 1,024 tokens at a
-           time, each chunk's gradient made in its forward, so the 12,288 tokens' logits (6.3 GB) are never held
+           time, each chunk's gradient made in its forward, so the 12,288 tokens' whole logits are never held
   chunk24  chunk with 24 rows of 1024 tokens a micro-batch, twice the bench's (which whole logits leave no room for on
            an 80 GB GPU)
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)

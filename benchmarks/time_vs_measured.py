@@ -214,6 +214,8 @@ MLFLOW_PER_STEP = ("its compiled step wrote the loss to MLflow every step (10-34
                    "itself; batched since 8d0324d)")
 DS_TIMER = ("its compiled ZeRO-2 step ran with DeepSpeed's throughput timer on (a device sync at every forward and "
             "step; off since 9bab9ed)")
+FP16_CHUNKED = ("its fp16 chunked loss made the gradients in the forward, before the loss scale (since 5506766 they "
+                "wait for the backward, which makes each chunk's logits again)")
 SUPERSEDED = {("bench.jsonl", "fast_compiled"): MLFLOW_PER_STEP, ("colab.jsonl", "fast_compiled"): MLFLOW_PER_STEP,
               ("colab.jsonl", "t4_fp16_compiled"): MLFLOW_PER_STEP, ("speed.jsonl", "full_compiled"): MLFLOW_PER_STEP,
               ("fast.jsonl", "fast_zero2_compiled"): DS_TIMER,
@@ -221,7 +223,9 @@ SUPERSEDED = {("bench.jsonl", "fast_compiled"): MLFLOW_PER_STEP, ("colab.jsonl",
               ("speed.jsonl", "full_zero2_compiled"): DS_TIMER + "; and " + MLFLOW_PER_STEP,
               ("speed.jsonl", "full_zero2_compiled_2gpu"): DS_TIMER + "; and " + MLFLOW_PER_STEP,
               ("graphscheck.jsonl", "z2_ga2"): DS_TIMER, ("graphscheck.jsonl", "z2_ga2_nographs"): DS_TIMER,
-              ("graphscheck.jsonl", "z2_fp16"): DS_TIMER, ("graphscheck.jsonl", "z2_fp16_nographs"): DS_TIMER}
+              ("graphscheck.jsonl", "z2_fp16"): DS_TIMER, ("graphscheck.jsonl", "z2_fp16_nographs"): DS_TIMER,
+              **{(f"h100_runs/chunkloss_call{call}.jsonl", name): FP16_CHUNKED
+                 for call, name in ((1, "t4_8bit_chunk1024"), (2, "t4_fast_chunk1024"))}}
 # How a run is run, measured and named, rather than the work of a step: two rows alike in every other field are
 # replicates, the same work measured in two sessions
 RUN_ONLY = ("preset", "max_steps", "epochs", "num_samples", "eval_samples", "scoring", "untimed_steps", "logging_steps",
@@ -525,7 +529,7 @@ def summary(rows: list[dict], used: dict):
     print(stats("Seconds per step, in sample (the fitted rates; every H200 run of today's code, the slowed ones too)",
                 [r for r in rows if r["gpu"] == "H200" and not r["superseded"]], "fitted"))
     print(stats("Seconds per step on another GPU, the H100 (none fitted: the H200's rates, the H100's datasheet)",
-                [r for r in rows if held_apart(r)]))
+                [r for r in rows if held_apart(r) and not r["superseded"]]))
     print("\n| path | runs | slowed | held out | within 25% | median error | worst error |\n"
           "|---|---:|---:|---:|---:|---:|---:|")
     for key in RATES:

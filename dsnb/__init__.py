@@ -8,7 +8,7 @@ A notebook uses it like this:
     dsnb.compare_table(results); print(dsnb.verdict(results))
     dsnb.plot_runs(results); dsnb.answers(results)
 
-Modules, lowest layer first (each imports only from those before it): config; data, fp8, model, zero, metrics,
+Modules, lowest layer first (each imports only from those before it): config; data, fp8, loss, model, zero, metrics,
 estimate, evaluate, card; preflight; tracking; flat_step, dropout, loop, train; launch, publish; compare, sweep, bench,
 capacity, advise; report; notebook; cli.
 """

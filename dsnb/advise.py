@@ -11,7 +11,8 @@ and a machine, ranked by its predicted time for the whole run, with its predicte
 The model's config and the task's data are read (no weight is loaded); each variant is a RunConfig of the task with
 its own training kind (LoRA in bf16/fp16, 8-bit or 4-bit; full fine-tuning), DeepSpeed stage and offload, micro-batch
 (the effective batch kept) and loop (the HF Trainer's, or dsnb's compiled one where it applies), and only variants
-RunConfig accepts are offered. Memory comes from dsnb/estimate.py, time from dsnb/timing.py; a variant "fits" where
+RunConfig accepts are offered; a variant whose whole logits keep it off the GPU is offered again with its loss chunked
+(loss_chunk) where that fits. Memory comes from dsnb/estimate.py, time from dsnb/timing.py; a variant "fits" where
 its estimate, with FIT_MARGIN above it, and what CUDA takes outside PyTorch's allocator fit the GPU (and the run's
 memory_budget_gb), and its processes' host RAM fits the machine's. benchmarks/advise_vs_measured.py checks both
 against every committed GPU run.
@@ -43,6 +44,7 @@ PCIE_GB_S = 5.0  # GB/s between two GPUs over PCIe without NVLink, as NCCL reach
 NVLINK = ("A100", "H100", "H200")  # the classes whose multi-GPU machines join them by NVLink (SXM boards)
 SAME_MEMORY = 0.05  # memory estimates closer than this are the same (the estimate's 95th-percentile error: 2.9%)
 FITS = ("fits", "tight", "no")
+LOSS_CHUNK = 1024  # tokens a chunk of the loss where advise offers it: a variant's whole logits do not fit, chunked do
 VERIFY_STEPS, VERIFY_UNTIMED = 10, 3  # --verify: a few steps each, the first ones (compiling) untimed
 STRATEGIES = (("baseline", "none", "none"), ("zero1", "none", "none"), ("zero2", "none", "none"),
               ("zero3", "none", "none"), ("zero2", "cpu", "none"), ("zero3", "cpu", "none"), ("zero3", "cpu", "cpu"),
@@ -169,12 +171,29 @@ def predict(cfg: RunConfig, m: Machine, config, masks: dict, lengths: list[int])
         between = step_parts(cfg, config, trainable, when["micro_batch_tokens"], m.count, m.gpu)["between GPUs"]
         seconds += when["steps"] * between * (RATES["link_gb_s"] / PCIE_GB_S - 1)
         rough.append(f"two {m.gpu}s over PCIe: the link's {PCIE_GB_S:g} GB/s is assumed")
+    if cfg.loss_chunk and cfg.dtype == "fp16":
+        rough.append("the loss chunked in fp16 makes each chunk's logits twice, which the time leaves out")
     gpu_gb, host_gb = est["est_peak_gpu_mb"] * MB / 2**30, est["est_peak_host_mb"] * MB / 2**30 * m.count
     fits, why = judge(cfg, m, gpu_gb, host_gb)
     return {"fits": fits, "why": why, "seconds": seconds, "time": minutes(seconds), "step_s": when["step_seconds"],
             "verify_s": when["load_seconds"] + when["compile_seconds"] + VERIFY_STEPS * when["step_seconds"],
             "gpu_gb": round(gpu_gb, 1), "host_gb": round(host_gb, 1), "rough": "; ".join(rough),
             "rests_on": when["source"]}
+
+
+def chunked_instead(cfg: RunConfig, row: dict, config) -> RunConfig | None:
+    """The variant with its loss chunked (loss_chunk, LOSS_CHUNK tokens) where its whole logits are what keeps it off
+    the GPU: it does not fit there, and RunConfig and the model's head allow chunking. Its time is the same (the
+    H100's pairs within 0.5%, chunkloss_h100.md); in fp16 each chunk's logits are made twice (rough says so)."""
+    from .loss import PLAIN_HEADS  # deferred: it loads torch at import
+
+    if cfg.loss_chunk or row["fits"] != "no" or not row["why"].startswith("GPU") or \
+            getattr(config, "model_type", "") not in PLAIN_HEADS:
+        return None
+    try:
+        return cfg.replace(loss_chunk=LOSS_CHUNK)
+    except ConfigError:  # ZeRO-3
+        return None
 
 
 def judge(cfg: RunConfig, m: Machine, gpu_gb: float, host_gb: float) -> tuple[str, str]:
@@ -197,6 +216,7 @@ def describe(cfg: RunConfig) -> dict:
     offload = [f"{what} {where}" for what, where in (("optimizer", cfg.offload_optimizer),
                                                      ("params", cfg.offload_param)) if where != "none"]
     loop = "compiled" + (" (DeepCompile)" if cfg.deepcompile else "") if cfg.torch_compile else "Trainer"
+    loop += f", loss in chunks of {cfg.loss_chunk}" if cfg.loss_chunk else ""
     return {"training": f"LoRA r{cfg.lora_r}" if cfg.lora_r else "full",
             "weights": {"none": cfg.dtype, "8bit": "8-bit", "4bit": "4-bit", "fp8": "fp8"}[cfg.quantization],
             "deepspeed": stage + (" + " + ", ".join(offload) + " offload" if offload else ""), "loop": loop,
@@ -232,15 +252,24 @@ def advise(cfg: RunConfig, gpu: str = "", gpus: int = 0, ram_gb: float = 0.0, ve
                           f"with batch_size {cfg.batch_size}; make batch_size x grad_accum x num_gpus a multiple of "
                           f"{m.count}, or advise for fewer GPUs (--gpus)")
     config, masks, lengths = task_data(cfg)
-    rows = []
+    rows, offered = [], []
+
+    def offer(one: RunConfig, row: dict) -> None:
+        offered.append(one)
+        rows.append({**row, **describe(one), "command": command(one)})
+
     for variant in cfgs:
-        rows.append({**predict(variant, m, config, masks, lengths), **describe(variant), "command": command(variant)})
+        offer(variant, predict(variant, m, config, masks, lengths))
+        chunked = chunked_instead(variant, rows[-1], config)
+        row = chunked and predict(chunked, m, config, masks, lengths)
+        if row and row["fits"] != "no":
+            offer(chunked, row)
     # equal times: the one whose time is measured (not rough) first, since fp8's rests on few runs
     order = sorted(worth_trying(rows), key=lambda i: (FITS.index(rows[i]["fits"]), rows[i]["seconds"],
                                                       bool(rows[i]["rough"])))
     table = pd.DataFrame([{**rows[i], "rank": r + 1} for r, i in enumerate(order)],
                          columns=[*COLUMNS, "seconds", "verify_s"])
-    table.attrs.update(machine=m, configs=[cfgs[i] for i in order], samples=len(lengths))
+    table.attrs.update(machine=m, configs=[offered[i] for i in order], samples=len(lengths))
     if verify:
         table = measure(table, verify, progress, report)
     return table

@@ -188,10 +188,11 @@ class RunConfig:
     loss_chunk: int = 0
     """Tokens at a time of the training loss: the LM head and cross-entropy run chunk by chunk, each chunk's gradients
     made at once, so a step never holds the logits of its whole micro-batch (measured on an H100: 10.6 GB less for
-    12,288 tokens of Llama 3's 128k vocabulary, the same speed; benchmarks/results/chunkloss_h100.md). It helps where a
-    micro-batch holds several chunks (1024 is one chunk of about 1.3 GB). The loss and gradients are the model's own
-    within rounding (dsnb/loss.py). 0 keeps the model's own loss over whole logits. Needs a Llama, Mistral or Qwen
-    2/3 model and a strategy other than zero3 (which partitions the head's weight)."""
+    12,288 tokens of Llama 3's 128k vocabulary, speed within 0.5% in bf16; benchmarks/results/chunkloss_h100.md). In
+    the compiled loop it helps where a micro-batch holds several chunks (1024 is one chunk of about 1,250 MB). The
+    loss and gradients are the model's own within rounding (dsnb/loss.py; in fp16 each chunk's logits are made twice).
+    0 keeps the model's own loss over whole logits. Needs a Llama, Mistral or Qwen 2/3 model, a strategy other than
+    zero3 (which partitions the head's weight) and no LoRA adapter on lm_head."""
     eval_samples: int = 64
     """Held-out questions answered greedily before and after training and scored (exact match, F1): drawn with a fixed
     seed from the whole validation split (offline: synthetic questions no training row holds; a file: its rows after
@@ -361,12 +362,19 @@ class RunConfig:
         self._check_switches()
         if self.attention == "flex":
             self._check_flex()
-        if self.loss_chunk and self.zero_stage == 3:
-            fail("loss_chunk", "needs the LM head's whole weight, which ZeRO-3 partitions; set loss_chunk 0 or use "
-                               "strategy zero2 (or zero1, zero0, baseline)")
+        if self.loss_chunk:
+            self._check_loss_chunk()
         if self.quantization != "none" and self.lora_r == 0:
             fail("quantization", f"{self.quantization} weights cannot be trained directly; "
                                  "set lora_r > 0 (LoRA) or quantization none")
+
+    def _check_loss_chunk(self):
+        if self.lora_r and "lm_head" in [t.strip() for t in self.lora_targets.split(",")]:
+            fail("loss_chunk", "computes the LM head from its own weight, so a LoRA adapter on lm_head would be left "
+                               "out of the loss; leave lm_head out of lora_targets or set loss_chunk 0")
+        if self.zero_stage == 3:
+            fail("loss_chunk", "needs the LM head's whole weight, which ZeRO-3 partitions; set loss_chunk 0 or use "
+                               "strategy zero2 (or zero1, zero0, baseline)")
 
     def _check_quantization(self):
         if self.quantization == "8bit" and self.zero_stage == 3:

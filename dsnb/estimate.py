@@ -9,7 +9,7 @@ Unlike DeepSpeed's estimators this knows that LoRA trains only the adapters, tha
 are stored in 1 and ~0.5 bytes, that activations and the 128k-vocab logits often dominate, and that a step's peak
 comes at one of three moments: a backward (activations alive, gradients arriving), the optimizer's step (activations
 gone, the step's transient copies made) or, under ZeRO-1/2, the start. benchmarks/advise_vs_measured.py checks the
-whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% over 118 runs). The terms (bytes):
+whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% over 116 runs). The terms (bytes):
   weights      N x 2 or 4 (dtype); quantized: linear weights x 1 (8bit) or 0.53 (4bit NF4 + scales), the rest x 2
   trainable T  LoRA adapters are fp32 (peft) and add their own T x 4; full fine-tuning trains the loaded dtype
   gradients    T x bytes(trainable); DDP (baseline on several GPUs) keeps a second copy in its buckets;
@@ -92,11 +92,13 @@ EAGER_EXTRA = 3.4  # elements per token and layer, in units of the hidden size, 
 ALLOCATOR_FLOOR_MB = 64  # what the allocator holds whatever the model: cuBLAS workspaces, rotary tables (measured: the
 #                          0.4M-parameter quality model peaked at 123 MB allocated, its tensors counting 58)
 LIVE_PARAMETERS = 1e9  # elements: DeepSpeed's stage3_max_live_parameters default
-# Chunking the loss (loss_chunk) of a compiled half-precision step, measured on the H100 (chunkloss_h100.md): it frees
-# 8 bytes a token and vocabulary entry (10.6 GB of 12,288 tokens on the 1B and 3B shapes: 7.9; 24,576 tokens of the
-# 3B: 8.0), where the whole-logits term above counts 2 x 2 (the layers' term, fitted beside it, holds the rest: which
-# tensors inductor keeps is not measured), and a chunk holds 10 (a micro-batch of one 1,024-token chunk took 247 MB
-# more than its whole logits)
+# Chunking the loss (loss_chunk) of a compiled half-precision step, fitted to the H100's runs (chunkloss_h100.md; in
+# sample: no other run checks them): it frees 8 bytes a token and vocabulary entry, where the whole-logits term above
+# counts 2 x 2 (the layers' term, fitted beside it, holds the rest; which tensors inductor keeps is not measured). From
+# the bf16 pairs at 12,288 tokens (1B and 3B shapes: 10.6 GB each, 7.9 a token and entry with a chunk's 10) and 12
+# against 24 rows chunked (3B: 8.0, the estimate's own per-token terms for the rest). A chunk holds 10 (the 3B pair:
+# 9-11, as the whole-logits peak is taken measured or estimated). fp16 takes the same figures, unmeasured: its chunked
+# loss makes the gradients in the backward, and its only compiled pair ran the version before that.
 COMPILED_LOGITS_FREED = 8
 COMPILED_CHUNK = 10
 MASK_BYTES = 10  # per element of a row's length x length attention mask (measured 9 on the CPU: synthetic:tiny, fp32)

@@ -23,7 +23,7 @@ a head ZeRO-3 partitions (its weight is gathered only inside the head's own forw
 """
 from __future__ import annotations
 
-import functools
+import inspect
 
 import torch
 
@@ -35,14 +35,16 @@ PLAIN_HEADS = ("llama", "mistral", "qwen2", "qwen3")  # CausalLM forward: lm_hea
 
 class HeadLoss(torch.autograd.Function):
     """sum over labelled tokens of cross_entropy(hidden @ weight.T, target) * scale, chunk by chunk. In bf16 and fp32
-    both gradients are made in the forward; in fp16 they wait for the backward, which makes each chunk's logits again
-    (one more head matmul): fp16's loss scale reaches the loss only there, and without it a gradient of (softmax minus
-    one-hot) / label count would underflow fp16 where the model's own backward, scaled, does not."""
+    both gradients are made in the forward; in fp16 (fp16 tensors, or fp16 autocast over fp32 weights) they wait for
+    the backward, which makes each chunk's logits again under the same autocast (one more head matmul): fp16's loss
+    scale reaches the loss only there, and without it a gradient of (softmax minus one-hot) / label count would
+    underflow fp16 where the model's own backward, scaled, does not."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, scale, chunk: int):
-        wanted = hidden.requires_grad or weight.requires_grad
-        later = wanted and hidden.dtype == torch.float16
+    def forward(ctx, hidden, weight, targets, scale, chunk: int, wanted: bool):
+        kind = hidden.device.type
+        ctx.autocast = torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind), kind
+        later = wanted and (hidden.dtype == torch.float16 or ctx.autocast[:2] == (True, torch.float16))
         grads = Grads(hidden, weight) if wanted and not later else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         lses = []
@@ -67,17 +69,20 @@ class HeadLoss(torch.autograd.Function):
     def backward(ctx, grad_loss):
         if ctx.later:
             hidden, weight, targets, scale, lse = ctx.saved_tensors
-            grads = Grads(hidden, weight)
-            for start in range(0, hidden.shape[0], ctx.chunk):
-                h, t = hidden[start:start + ctx.chunk], targets[start:start + ctx.chunk]
-                logits = (h @ weight.t()).float()
-                grads.add(start, h, weight, t, logits_grad(logits, lse[start:start + ctx.chunk], t, scale * grad_loss))
+            grads, (on, dtype, kind) = Grads(hidden, weight), ctx.autocast
+            with torch.autocast(kind, dtype=dtype, enabled=on):
+                for start in range(0, hidden.shape[0], ctx.chunk):
+                    h, t = hidden[start:start + ctx.chunk], targets[start:start + ctx.chunk]
+                    logits = (h @ weight.t()).float()
+                    grads.add(start, h, weight, t, logits_grad(logits, lse[start:start + ctx.chunk], t,
+                                                               scale * grad_loss))
             grad_hidden, grad_weight = grads.hidden, grads.weight
         else:
             grad_hidden, grad_weight = ctx.saved_tensors
-            grad_hidden = None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype)
+            grad_hidden = None if grad_hidden is None else (grad_hidden.float() * grad_loss).to(grad_hidden.dtype)
             grad_weight = None if grad_weight is None else grad_weight * grad_loss
-        return grad_hidden, None if grad_weight is None else grad_weight.to(ctx.weight_dtype), None, None, None
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(ctx.weight_dtype), None, None, None,
+                None)
 
 
 def logits_grad(logits, lse, targets, factor):
@@ -109,27 +114,44 @@ def head_loss(hidden, weight, labels, num_items_in_batch, chunk: int):
     targets = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:].reshape(-1)
     count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum()
     scale = 1.0 / torch.as_tensor(count, dtype=torch.float32, device=hidden.device)
-    return HeadLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, scale, chunk)
+    wanted = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return HeadLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, scale, chunk, wanted)
 
 
 def chunk_the_loss(model, chunk: int) -> None:
     """Make `model`'s training forwards with labels compute the loss `chunk` tokens at a time and return no logits;
     evaluation (model.eval()) and forwards without labels keep the model's own forward."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
     kind = getattr(model.config, "model_type", "?")
     head = getattr(model, "lm_head", None)
     if kind not in PLAIN_HEADS or type(head) is not torch.nn.Linear or head.bias is not None:
         raise ConfigError(f"loss_chunk {chunk} needs a plain Linear head on the last hidden state "
                           f"({', '.join(PLAIN_HEADS)} models); {kind} is not one: set loss_chunk 0")
-    own = model.forward
+    model.forward = ChunkedForward(model, chunk)
 
-    @functools.wraps(own)  # its signature: the Trainer keeps the batch's columns that the forward names
-    def forward(*args, labels=None, logits_to_keep=0, **kwargs):
+
+class ChunkedForward:
+    """A causal LM's forward with its training loss chunked: an object, not a closure, so that a copied or pickled
+    model keeps its own."""
+
+    def __init__(self, model, chunk: int):
+        self.model, self.chunk = model, chunk
+
+    @property
+    def __signature__(self):  # the model's own: the Trainer keeps the batch's columns that the forward names
+        return inspect.signature(self.model.__class__.forward.__get__(self.model))
+
+    def __call__(self, *args, labels=None, logits_to_keep=0, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        model = self.model
+        own = type(model).forward.__get__(model)
         if labels is None or not model.training:
             return own(*args, labels=labels, logits_to_keep=logits_to_keep, **kwargs)
+        if type(model.lm_head) is not torch.nn.Linear:  # a LoRA adapter on the head would be left out of the loss
+            raise ConfigError("loss_chunk computes the head from its own weight, and the head is now a "
+                              f"{type(model.lm_head).__name__} (a LoRA target?); leave lm_head out of lora_targets "
+                              "or set loss_chunk 0")
         out = model.model(*args, **kwargs)
-        loss = head_loss(out.last_hidden_state, model.lm_head.weight, labels, kwargs.get("num_items_in_batch"), chunk)
+        loss = head_loss(out.last_hidden_state, model.lm_head.weight, labels, kwargs.get("num_items_in_batch"),
+                         self.chunk)
         return CausalLMOutputWithPast(loss=loss)
-
-    model.forward = forward

@@ -47,6 +47,27 @@ def test_the_tutorials_shape_is_advised_for_a_t4_two_t4s_and_an_h200_in_under_a_
     assert "over PCIe" in text(pair, TUTORIAL_3B) and "PCIe" in best_pair["rough"]
 
 
+def test_a_variant_its_whole_logits_keep_off_the_gpu_is_offered_with_its_loss_chunked():
+    """The throughput mode with 24 rows of 1,024 tokens on an H100: whole logits need more than the GPU (88.4 GB
+    estimated), the loss chunked fits (65.5 GB measured, chunkloss_h100.md), and advise offers that, with the command
+    that runs it; full fine-tuning, too big either way, is offered only as it is."""
+    from dsnb.bench import bench_configs
+
+    cfg = bench_configs(False, 8, 12, "sqlite:///unused.db")["throughput_compiled"].replace(batch_size=24,
+                                                                                           num_samples=2000)
+    table = advise(cfg, gpu="H100", progress=False)
+    configs = dict(zip(table["rank"], table.attrs["configs"], strict=True))
+    chunked = table[table["loop"] == "compiled, loss in chunks of 1024"]
+    assert len(chunked) and set(chunked["fits"]) <= {"fits", "tight"} and set(chunked["training"]) == {"LoRA r16"}
+    for _, row in chunked.iterrows():
+        assert "--loss_chunk 1024" in row["command"] and configs[row["rank"]].loss_chunk == 1024
+    assert table.iloc[0]["loop"].endswith("chunks of 1024")
+    full = table[table["training"] == "full"]
+    assert len(full) and set(full["fits"]) == {"no"} and not full["loop"].str.contains("chunks").any()
+    whole = advise(cfg.replace(batch_size=12), gpu="H100", progress=False)  # 47 GB: fits as it is, nothing chunked
+    assert not whole["loop"].str.contains("chunks").any() and whole.iloc[0]["fits"] == "fits"
+
+
 def test_the_ranking_puts_the_fastest_measured_variant_first(measured):
     """advise for the 3B shape on an H200, against the committed H200 runs of the same variants: of the rows a run
     measured, the first in advise's order is the fastest measured (within the runs' 5% spread)."""

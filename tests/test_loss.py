@@ -89,6 +89,49 @@ def test_fp16_gradients_wait_for_the_loss_scale():
         assert torch.allclose(grad.float(), want.float(), rtol=1e-2, atol=1e-3 * want.float().abs().max())
 
 
+def test_fp16_autocast_over_fp32_weights_waits_too():
+    """Full fine-tuning in fp16 keeps fp32 weights under fp16 autocast: the hidden states are fp32 but the head's
+    matmuls run in fp16, so the gradients wait for the loss scale there too (made at once, 99% of the head's were 0)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    torch.manual_seed(0)
+    hidden = (torch.randn(4, 500, 32) * 0.5).requires_grad_()
+    weight = (torch.randn(3000, 32) * 0.5).requires_grad_()
+    labels = torch.randint(0, 3000, (4, 500))
+    grads = []
+    for chunked in (False, True):
+        hidden.grad = weight.grad = None
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = head_loss(hidden, weight, labels, torch.tensor(12288), 300) if chunked else \
+                ForCausalLMLoss(torch.nn.functional.linear(hidden, weight), labels, 3000,
+                                num_items_in_batch=torch.tensor(12288))
+        (loss * 2**16).backward()
+        grads.append((loss.item(), hidden.grad.clone(), weight.grad.clone()))
+    (own_loss, *own), (loss, *mine) = grads
+    assert loss == pytest.approx(own_loss, rel=1e-4)
+    for grad, want in zip(mine, own, strict=True):
+        assert (grad != 0).float().mean() == pytest.approx((want != 0).float().mean().item(), abs=1e-3)
+        assert torch.allclose(grad, want, rtol=1e-2, atol=1e-2 * want.abs().max())
+
+
+def test_a_copied_or_pickled_model_keeps_its_own_chunked_forward():
+    import copy
+    import pickle
+
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0, loss_chunk=5))
+    model, tokenizer = load_model(cfg, "cpu")
+    batch = a_batch(tokenizer)
+    model.train()
+    want = model(**batch).loss.item()
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert other.forward.model is other
+        other.train()
+        with torch.no_grad():  # the loss without gradients made for nothing
+            assert other(**batch).loss.item() == pytest.approx(want, rel=1e-6)
+    with pytest.raises(ConfigError, match="loss_chunk computes the LM head from its own weight, so a LoRA adapter"):
+        RunConfig(**dict(OFFLINE, loss_chunk=64, lora_targets="q_proj,lm_head"))
+
+
 def test_evaluation_and_generation_keep_the_logits():
     cfg = RunConfig(**dict(OFFLINE, quantization="none", loss_chunk=5))
     model, tokenizer = load_model(cfg, "cpu")
