@@ -76,6 +76,10 @@ dump() { python3 benchmarks/dump_runs.py "$DB" --tails "$OUT/tails_$1.txt" 2>/de
 # builds at run time (NVMe I/O, DeepCompile's) give it the GPU's own (dsnb's preflight refuses the other, saying so).
 own_arch() { echo "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST:-}'"
              export TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1); }
+# One throughput_levers.py lever in a fresh process from a cold compile cache of its own, stopped after $2 s
+lever() { TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_lever_$1 timeout "$2" python3 benchmarks/throughput_levers.py "$1" \
+            --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_$1.log" 2>&1
+          echo "$1 exit $?: $(tail -1 "$OUT/lever_$1.log")"; }
 prebuild() { python3 -c "import sys; from dsnb.model import resolve_model; [resolve_model(m) for m in sys.argv[1:]]" "$@"; }
 # One bench variant (dsnb/bench.yaml) as `dsnb run` flags, with the bench's own: untimed and timed steps, a loss
 # record a step, no model saved, no questions asked.
@@ -191,9 +195,7 @@ fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) besi
   # LIMIT s (default 420: fp8head's cold compile on an H100 took more than 260 s; bf16's about 150)
   prebuild synthetic:llama-3.2-3b
   for lever in ${LEVERS:-now fp8head}; do
-    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_lever_$lever timeout "${LIMIT:-420}" python3 benchmarks/throughput_levers.py "$lever" \
-      --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_$lever.log" 2>&1
-    echo "$lever exit $?: $(tail -1 "$OUT/lever_$lever.log")"
+    lever "$lever" "${LIMIT:-420}"
   done
   dump fp8head
   ;;
@@ -205,18 +207,13 @@ chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole log
   prebuild synthetic:llama-3.2-3b synthetic:llama-3.2-1b
   for part in ${PARTS:-throughput t4}; do
     if [ "$part" = rows24 ]; then  # 24 rows a micro-batch, loss chunked (whole logits would not fit 80 GB)
-      TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_chunk24 timeout "${LIMIT:-300}" python3 benchmarks/throughput_levers.py \
-        chunk24 --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_chunk24.log" 2>&1
-      echo "chunk24 exit $?: $(tail -1 "$OUT/lever_chunk24.log")"
+      lever chunk24 "${LIMIT:-300}"
       continue
     fi
     for chunk in 0 1024; do
       case $part in
       throughput)
-        lever=$([ "$chunk" = 0 ] && echo now || echo chunk)
-        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_chunk_$lever timeout "${LIMIT:-240}" python3 benchmarks/throughput_levers.py \
-          "$lever" --out "$OUT/throughput_levers.jsonl" --tracking_uri "$DB" > "$OUT/lever_$lever.log" 2>&1
-        echo "$lever exit $?: $(tail -1 "$OUT/lever_$lever.log")" ;;
+        lever "$([ "$chunk" = 0 ] && echo now || echo chunk)" "${LIMIT:-240}" ;;
       t4)
         timeout 100 python3 -m dsnb run "${B3[@]}" --preset colab_t4 --max_steps 12 --untimed_steps 3 --logging_steps 1 \
           --eval_samples 0 --experiment t4chunk --loss_chunk "$chunk" --run_name "t4_8bit_chunk$chunk" \

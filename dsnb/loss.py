@@ -48,9 +48,7 @@ class HeadLoss(torch.autograd.Function):
         grads = Grads(hidden, weight) if wanted and not later else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         lses = []
-        for start in range(0, hidden.shape[0], chunk):
-            h, t = hidden[start:start + chunk], targets[start:start + chunk]
-            logits = (h @ weight.t()).float()
+        for start, h, t, logits in chunks(hidden, weight, targets, chunk):
             lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
             total += torch.where(t != IGNORE, lse - picked, 0.0).sum()
@@ -71,9 +69,7 @@ class HeadLoss(torch.autograd.Function):
             hidden, weight, targets, scale, lse = ctx.saved_tensors
             grads, (on, dtype, kind) = Grads(hidden, weight), ctx.autocast
             with torch.autocast(kind, dtype=dtype, enabled=on):
-                for start in range(0, hidden.shape[0], ctx.chunk):
-                    h, t = hidden[start:start + ctx.chunk], targets[start:start + ctx.chunk]
-                    logits = (h @ weight.t()).float()
+                for start, h, t, logits in chunks(hidden, weight, targets, ctx.chunk):
                     grads.add(start, h, weight, t, logits_grad(logits, lse[start:start + ctx.chunk], t,
                                                                scale * grad_loss))
             grad_hidden, grad_weight = grads.hidden, grads.weight
@@ -83,6 +79,13 @@ class HeadLoss(torch.autograd.Function):
             grad_weight = None if grad_weight is None else grad_weight * grad_loss
         return (grad_hidden, None if grad_weight is None else grad_weight.to(ctx.weight_dtype), None, None, None,
                 None)
+
+
+def chunks(hidden, weight, targets, chunk: int):
+    """(start, hidden states, targets, fp32 logits) of each chunk of `chunk` tokens."""
+    for start in range(0, hidden.shape[0], chunk):
+        h = hidden[start:start + chunk]
+        yield start, h, targets[start:start + chunk], (h @ weight.t()).float()
 
 
 def logits_grad(logits, lse, targets, factor):
