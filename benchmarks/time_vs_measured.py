@@ -190,6 +190,12 @@ for chunk in (0, 1024):
          T4_FAST.replace(untimed_steps=10, loss_chunk=chunk))]
 H100_ROWS.append(("throughput_chunk24", "h100_runs/chunkloss_call3.jsonl", None,
                   THROUGHPUT_H100.replace(loss_chunk=1024, batch_size=24)))
+# A later session's H100 (one machine, five calls): the fast recipe's fp16 pair again after the fp16 fix
+# (chunkloss_h100.md call 5), and fp8 weights, fp8 with its head and bf16 side by side (fp8head_h100.md calls 4-6)
+H100_ROWS += [(f"t4_fast_chunk{chunk}", "h100_runs/chunkloss_call5.jsonl", None,
+               T4_FAST.replace(untimed_steps=10, loss_chunk=chunk)) for chunk in (0, 1024)]
+H100_ROWS += [("throughput_now", "h100_runs/fp8head_call4.jsonl", None, THROUGHPUT_H100),
+              ("throughput_fp8", "h100_runs/fp8head_call4.jsonl", None, THROUGHPUT_H100.replace(quantization="fp8"))]
 ROWS += H100_ROWS
 T4_SOURCE = "the tutorial's T4 runs"
 NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2026-11-30 (256 samples packed, SDPA), "
@@ -198,14 +204,15 @@ NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2
                "so its timed steps recompiled (throughput_levers_h200.md): no steady step to compare",
                ("big_2.jsonl", "8b_lora_zero3_offload_15gb"): "call 3's run, stopped by its call's limit while it "
                "answered the held-out questions after its 12 steps (11 timed: 2.03 s a step); calls 4 and 5 asked none",
-               ("h100_runs/fp8head.jsonl", "throughput_fp8head"): "fp8 weights with the LM head in fp8 too: a lever of "
-               "throughput_levers.py, no RunConfig field, so no estimate (fp8head_h100.md)",
+               **{(f"h100_runs/{source}", "throughput_fp8head"): "fp8 weights with the LM head in fp8 too: a lever "
+                  "of throughput_levers.py, no RunConfig field, so no estimate (fp8head_h100.md)"
+                  for source in ("fp8head.jsonl", "fp8head_call4.jsonl")},
                ("h100_runs/peers_call3.jsonl", "dsnb_throughput_cold"): "call 2's run, listed again by call 3 (the "
                "same store on a machine still warm): compared under h100_runs/peers_call2.jsonl"}
 NOT_TIMED = {"fp8_quality.jsonl": "the quality task's runs (synthetic:small, seconds each), measured for their answers "
              "(fp8_quality_h200.md), not their step",
              "h100_runs/throughput_levers.jsonl": "the lines throughput_levers.py printed for the runs of "
-             "h100_runs/fp8head.jsonl, compared there",
+             "h100_runs/fp8head.jsonl and fp8head_call4.jsonl, compared there",
              "h100_runs/chunkloss_levers.jsonl": "the lines throughput_levers.py printed for the runs of "
              "h100_runs/chunkloss_call1.jsonl and chunkloss_call3.jsonl, compared there"}
 # Runs whose step did work that today's code no longer does, with no field to rebuild it: listed, not fitted, not held

@@ -172,8 +172,8 @@ def predict(cfg: RunConfig, m: Machine, config, masks: dict, lengths: list[int])
         seconds += when["steps"] * between * (RATES["link_gb_s"] / PCIE_GB_S - 1)
         rough.append(f"two {m.gpu}s over PCIe: the link's {PCIE_GB_S:g} GB/s is assumed")
     if cfg.loss_chunk and cfg.dtype == "fp16":
-        rough.append("the loss chunked in fp16 makes each chunk's logits twice, which the time leaves out, and its "
-                     "compiled memory is not measured")
+        rough.append("the loss chunked in fp16 makes each chunk's logits twice, which the time leaves out (one "
+                     "compiled pair of one chunk measured: the same speed)")
     gpu_gb, host_gb = est["est_peak_gpu_mb"] * MB / 2**30, est["est_peak_host_mb"] * MB / 2**30 * m.count
     fits, why = judge(cfg, m, gpu_gb, host_gb)
     return {"fits": fits, "why": why, "seconds": seconds, "time": minutes(seconds), "step_s": when["step_seconds"],

@@ -189,7 +189,7 @@ class RunConfig:
     """Tokens at a time of the training loss: the LM head and cross-entropy run chunk by chunk, each chunk's gradients
     made at once, so a step never holds the logits of its whole micro-batch (measured on an H100: 10.6 GB less for
     12,288 tokens of Llama 3's 128k vocabulary, speed within 0.5% in bf16; benchmarks/results/chunkloss_h100.md). In
-    the compiled loop it helps where a micro-batch holds several chunks (1024 is one chunk of about 1,250 MB). The
+    the compiled loop a micro-batch of one chunk gains little (fp16, 1,024 tokens: 250 MB less at the same speed). The
     loss and gradients are the model's own within rounding (dsnb/loss.py; in fp16 each chunk's logits are made twice).
     0 keeps the model's own loss over whole logits. Needs a Llama, Mistral or Qwen 2/3 model, a strategy other than
     zero3 (which partitions the head's weight) and no LoRA adapter on lm_head."""

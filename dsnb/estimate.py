@@ -9,7 +9,7 @@ Unlike DeepSpeed's estimators this knows that LoRA trains only the adapters, tha
 are stored in 1 and ~0.5 bytes, that activations and the 128k-vocab logits often dominate, and that a step's peak
 comes at one of three moments: a backward (activations alive, gradients arriving), the optimizer's step (activations
 gone, the step's transient copies made) or, under ZeRO-1/2, the start. benchmarks/advise_vs_measured.py checks the
-whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% over 116 runs). The terms (bytes):
+whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% over 120 runs). The terms (bytes):
   weights      N x 2 or 4 (dtype); quantized: linear weights x 1 (8bit) or 0.53 (4bit NF4 + scales), the rest x 2
   trainable T  LoRA adapters are fp32 (peft) and add their own T x 4; full fine-tuning trains the loaded dtype
   gradients    T x bytes(trainable); DDP (baseline on several GPUs) keeps a second copy in its buckets;
@@ -97,10 +97,13 @@ LIVE_PARAMETERS = 1e9  # elements: DeepSpeed's stage3_max_live_parameters defaul
 # counts 2 x 2 (the layers' term, fitted beside it, holds the rest; which tensors inductor keeps is not measured). From
 # the bf16 pairs at 12,288 tokens (1B and 3B shapes: 10.6 GB each, 7.9 a token and entry with a chunk's 10) and 12
 # against 24 rows chunked (3B: 8.0, the estimate's own per-token terms for the rest). A chunk holds 10 (the 3B pair:
-# 9-11, as the whole-logits peak is taken measured or estimated). fp16 takes the same figures, unmeasured: its chunked
-# loss makes the gradients in the backward, and its only compiled pair ran the version before that.
+# 9-11, as the whole-logits peak is taken measured or estimated). In fp16 the chunked loss makes a chunk's gradients in
+# the backward, from its logits made again there: a chunk holds 6, its fp16 logits and their fp32 upcast (call 5's
+# compiled fast-recipe pair, one chunk of 1,024 tokens: 250 MB less than whole logits, where 8 freed less 6 held counts
+# 256; in sample, and the only fp16 pair: what fp16 frees over several chunks is taken as bf16's, unmeasured).
 COMPILED_LOGITS_FREED = 8
 COMPILED_CHUNK = 10
+COMPILED_CHUNK_FP16 = 6
 MASK_BYTES = 10  # per element of a row's length x length attention mask (measured 9 on the CPU: synthetic:tiny, fp32)
 
 
@@ -153,7 +156,7 @@ def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
     freed, chunk = whole, 4 + (act_bytes if act_bytes < 4 else 0)  # eager: the terms above (bf16 or fp16 logits,
     # their fp32 upcast and its gradient); a chunk's fp32 logits, their gradient in place, and it in the compute dtype
     if cfg.torch_compile and act_bytes == 2:
-        freed, chunk = COMPILED_LOGITS_FREED, COMPILED_CHUNK
+        freed, chunk = COMPILED_LOGITS_FREED, COMPILED_CHUNK_FP16 if cfg.dtype == "fp16" else COMPILED_CHUNK
     head_grad = vocab * config.hidden_size * 4 if cfg.lora_r == 0 else 0
     return (tokens * vocab * (whole - freed) + min(tokens, cfg.loss_chunk) * vocab * chunk
             + tokens * config.hidden_size * act_bytes + head_grad)

@@ -147,9 +147,9 @@ class ChunkedForward:
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
         model = self.model
-        own = type(model).forward.__get__(model)
-        if labels is None or not model.training:
-            return own(*args, labels=labels, logits_to_keep=logits_to_keep, **kwargs)
+        if labels is None or not model.training:  # the class's function called with the model, not bound by
+            # function.__get__, which the GPU machine's torch.compile warned it cannot trace
+            return type(model).forward(model, *args, labels=labels, logits_to_keep=logits_to_keep, **kwargs)
         if type(model.lm_head) is not torch.nn.Linear:  # a LoRA adapter on the head would be left out of the loss
             raise ConfigError("loss_chunk computes the head from its own weight, and the head is now a "
                               f"{type(model.lm_head).__name__} (a LoRA target?); leave lm_head out of lora_targets "

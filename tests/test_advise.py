@@ -103,6 +103,23 @@ def test_the_committed_comparison_states_the_current_figures(measured):
     assert module.summary(module.figures(rows)) in committed
 
 
+def test_the_chunked_loss_runs_are_estimated_in_bf16_and_fp16(measured):
+    """logits_bytes with loss_chunk against each chunked run today's code measured (chunkloss_h100.md): bf16 at 12 and
+    24 rows (the 3B shape within 1%, the 1B's 3.5% under) and fp16's compiled pair of one chunk, whose chunk holds
+    less than bf16's (its gradients made in the backward): chunked 250 MB under whole logits, measured and estimated."""
+    module, rows = measured
+    current = {(name, source): e for (name, source), e in module.errors(rows, "gpu")}
+    chunked = {key: e for key, e in current.items() if "chunk" in key[0] and not key[0].endswith("chunk0")}
+    assert len(chunked) >= 4, chunked
+    assert all(-0.04 <= e <= 0.01 for e in chunked.values()), chunked
+    fp16 = {r["name"]: r for r in rows if r["source"] == "h100_runs/chunkloss_call5.jsonl"}
+    assert fp16["t4_fast_chunk1024"]["cfg"].dtype == "fp16"
+    saved = {k: fp16["t4_fast_chunk0"][k] - fp16["t4_fast_chunk1024"][k] for k in ("gpu",)}
+    saved["estimate"] = (fp16["t4_fast_chunk0"]["estimate"]["est_peak_gpu_mb"]
+                         - fp16["t4_fast_chunk1024"]["estimate"]["est_peak_gpu_mb"])
+    assert 200 < saved["gpu"] < 300 and saved["estimate"] == pytest.approx(saved["gpu"], rel=0.1), saved
+
+
 def test_verify_and_machines_advise_cannot_serve_are_refused(capsys):
     """--verify measures on this machine's GPU: on the CPU it is refused with what to do, before any data is read; so
     are a GPU dsnb has no figures for, no GPU named on a machine without one, and GPUs the task's step cannot split."""
