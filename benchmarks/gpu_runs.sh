@@ -210,7 +210,7 @@ chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole log
       lever chunk24 "${LIMIT:-300}"
       continue
     fi
-    for chunk in 0 1024; do
+    for chunk in ${CHUNKS:-0 1024}; do  # CHUNKS=1024: the chunked run alone
       case $part in
       throughput)
         lever "$([ "$chunk" = 0 ] && echo now || echo chunk)" "${LIMIT:-240}" ;;
