@@ -183,9 +183,11 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
     dsnb_peer dsnb_fast_compiled_b8 180 $(bench_flags fast_compiled 20 30)
     for p in ${PEERS:-hf_compile trl_liger unsloth}; do peer "${p}_b8" "$p" --batch 8 --untimed 20 --steps 30; done
   fi
-  if [[ "${PARTS:-b8}" == *packed* ]]; then
+  if [[ "${PARTS:-b8}" == *packed* ]]; then  # FP8=1: dsnb's throughput mode with fp8 weights too (its MFU is of bf16's
+    # peak); with both, one peer fits a call's 10 minutes (PEERS=unsloth, then PEERS=trl_liger)
     dsnb_peer dsnb_throughput_cold 220 $(bench_flags throughput_compiled 8 20)
-    for p in trl_liger unsloth; do peer "${p}_packed" "$p" --batch 12 --packed --untimed 8 --steps 20; done
+    [ -z "${FP8:-}" ] || dsnb_peer dsnb_throughput_fp8_cold 240 $(bench_flags throughput_compiled 8 20) --quantization fp8
+    for p in ${PEERS:-trl_liger unsloth}; do peer "${p}_packed" "$p" --batch 12 --packed --untimed 8 --steps 20; done
   fi
   cat "$OUT/peers.md"
   ;;
