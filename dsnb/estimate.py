@@ -98,10 +98,10 @@ LIVE_PARAMETERS = 1e9  # elements: DeepSpeed's stage3_max_live_parameters defaul
 # the bf16 pairs at 12,288 tokens (1B and 3B shapes: 10.6 GB each, 7.9 a token and entry with a chunk's 10) and 12
 # against 24 rows chunked (3B: 8.0, the estimate's own per-token terms for the rest). A chunk holds 10 (the 3B pair:
 # 9-11, as the whole-logits peak is taken measured or estimated). In fp16 the chunked loss makes a chunk's gradients in
-# the backward, from its logits made again there: a chunk holds 6, its fp16 logits and their fp32 upcast (call 5's
-# compiled fast-recipe pair, one chunk of 1,024 tokens: 249.5 MB less than whole logits, where 8 freed less 6 held
-# counts 250.5 less the hidden states' 6 MB gradient, 244.5; in sample, and the only fp16 pair: what fp16 frees over
-# several chunks is taken as bf16's, unmeasured).
+# the backward, from its logits made again there: a chunk holds 6, fitted to call 5's compiled fast-recipe pair (one
+# chunk of 1,024 tokens: 249.5 MB less than whole logits, where 8 freed less 6 held counts 250.5 less the hidden
+# states' 6 MB gradient, 244.5; its fp16 logits and their fp32 upcast would count 6, not measured). In sample, and the
+# only fp16 pair: what fp16 frees over several chunks is taken as bf16's, unmeasured.
 COMPILED_LOGITS_FREED = 8
 COMPILED_CHUNK = 10
 COMPILED_CHUNK_FP16 = 6
