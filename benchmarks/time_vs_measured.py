@@ -190,7 +190,7 @@ for chunk in (0, 1024):
          T4_FAST.replace(untimed_steps=10, loss_chunk=chunk))]
 H100_ROWS.append(("throughput_chunk24", "h100_runs/chunkloss_call3.jsonl", None,
                   THROUGHPUT_H100.replace(loss_chunk=1024, batch_size=24)))
-# A later session's H100 (one machine, five calls): the fast recipe's fp16 pair again after the fp16 fix
+# A later session's H100 (one machine, six calls): the fast recipe's fp16 pair again after the fp16 fix
 # (chunkloss_h100.md call 5), and fp8 weights, fp8 with its head and bf16 side by side (fp8head_h100.md calls 4-6)
 H100_ROWS += [(f"t4_fast_chunk{chunk}", "h100_runs/chunkloss_call5.jsonl", None,
                T4_FAST.replace(untimed_steps=10, loss_chunk=chunk)) for chunk in (0, 1024)]

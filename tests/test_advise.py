@@ -110,9 +110,9 @@ def test_the_chunked_loss_runs_are_estimated_in_bf16_and_fp16(measured):
     chunkloss_h100.md call 5) and estimated."""
     module, rows = measured
     current = {(name, source): e for (name, source), e in module.errors(rows, "gpu")}
-    chunked = {key: e for key, e in current.items() if "chunk" in key[0] and not key[0].endswith("chunk0")}
-    assert len(chunked) >= 4, chunked
-    assert all(-0.04 <= e <= 0.01 for e in chunked.values()), chunked
+    chunked_errors = {key: e for key, e in current.items() if "chunk" in key[0] and not key[0].endswith("chunk0")}
+    assert len(chunked_errors) >= 4, chunked_errors
+    assert all(-0.04 <= e <= 0.01 for e in chunked_errors.values()), chunked_errors
     fp16 = {r["name"]: r for r in rows if r["source"] == "h100_runs/chunkloss_call5.jsonl"}
     assert fp16["t4_fast_chunk1024"]["cfg"].dtype == "fp16"
     whole, chunked = fp16["t4_fast_chunk0"], fp16["t4_fast_chunk1024"]
