@@ -23,6 +23,8 @@
 #                                                    # rows24: 24 rows a micro-batch, chunked)
 #   OUT=out bash benchmarks/gpu_runs.sh matmuls      # the throughput mode's frozen-weight matmuls alone, separate and
 #                                                    # fused (q/k/v, gate/up), cuBLAS bf16 (benchmarks/matmul_shapes.py)
+#   OUT=out bash benchmarks/gpu_runs.sh fp8gemms     # the frozen matmuls of a throughput step alone, bf16 against
+#                                                    # fp8's forms (rowwise, tensorwise, fast accumulation)
 #   OUT=out bash benchmarks/gpu_runs.sh peers        # HF Trainer + compile, TRL + Liger and Unsloth on the bench's task
 #                                                    # beside dsnb (benchmarks/peers.py): PARTS=b8 (default), then
 #                                                    # PARTS=packed in a second call
@@ -193,7 +195,8 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
   ;;
 fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) beside the bf16 throughput mode in one call,
   # each a fresh process from a cold compile cache: LEVERS="now fp8head" (default) for the ratio to bf16, then
-  # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss. Each lever is stopped after
+  # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss; any levers of
+  # throughput_levers.py (LEVERS="now fp8 fp8fastfwd": fp8's fast accumulation). Each lever is stopped after
   # LIMIT s (default 420: fp8head's cold compile on an H100 took more than 260 s; bf16's about 150)
   prebuild synthetic:llama-3.2-3b
   for lever in ${LEVERS:-now fp8head}; do
@@ -239,6 +242,10 @@ chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole log
 matmuls)  # the 3B layer's matmuls at the throughput mode's 12,288 tokens: the MFU ceiling of matmuls alone
   timeout 120 python3 benchmarks/matmul_shapes.py > "$OUT/matmul_shapes_h200.json"; echo "matmul_shapes exit $?"
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv >> "$OUT/matmul_shapes_smi.txt"
+  ;;
+fp8gemms)  # a throughput step's frozen matmuls alone in bf16 and in each fp8 form (benchmarks/fp8_gemms.py; ~1 minute)
+  python3 benchmarks/fp8_gemms.py --out "$OUT/fp8_gemms.jsonl" > "$OUT/fp8_gemms.txt" 2>&1
+  echo "fp8_gemms exit $?"; tail -8 "$OUT/fp8_gemms.txt"
   ;;
 multi)
   prebuild synthetic:llama-3.2-3b

@@ -17,6 +17,9 @@ LEVER is one of:
            drawn by dsnb's own kernel, four to a Philox call (dsnb/dropout.py)
   inddrop  now with inductor's dropout instead, one Philox call an element inside the kernel that uses the mask
   fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head)
+  fp8fastfwd  fp8 with Hopper's fast accumulation in the forward's matmuls (torchao's float8 choice; dsnb/fp8.py
+           FAST_ACCUM), the input gradient's exact
+  fp8fast  fp8 with fast accumulation in both passes' matmuls
   fp8head  fp8 with the LM head in fp8 too (issue 38's 1.3x: the head is ~12% of the step's matmul FLOPs, and its
            logits' matmul stays bf16 in fp8; Llama 3.2's head is its input embedding: the head gets an fp8 copy, the
            embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost
@@ -40,7 +43,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "fp8",
-                                     "fp8head", "chunk", "chunk24"))
+                                     "fp8fastfwd", "fp8fast", "fp8head", "chunk", "chunk24"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -54,9 +57,12 @@ def main() -> None:
     if a.lever in ("chunk", "chunk24"):
         rows = 2 * cfg.batch_size if a.lever == "chunk24" else cfg.batch_size
         return record(a, train.train(cfg.replace(loss_chunk=1024, batch_size=rows)))
-    if a.lever in ("fp8", "fp8head"):
+    if a.lever in ("fp8", "fp8fastfwd", "fp8fast", "fp8head"):
+        from dsnb import fp8
+
         if a.lever == "fp8head":
             head_in_fp8()
+        fp8.FAST_ACCUM.update(forward=a.lever in ("fp8fastfwd", "fp8fast"), backward=a.lever == "fp8fast")
         return record(a, train.train(cfg.replace(quantization="fp8")))
     cfg = cfg.replace(max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
                       prompt="eos")  # as the first levers were measured: closed-book samples, rows of 512

@@ -14,13 +14,18 @@ converts every floating-point tensor, float8 included, and leaves integer ones a
 The math, through torch._scaled_mm (fp8 operands, fp32 accumulation, bf16 out), with W = diag(s_w) W8:
   forward   y  = x W^T = (s_x x8) W8^T s_w^T     x8, s_x: x quantized per token at each call (dynamic)
   backward  dx = dy W  = s_g g8 W8                g8, s_g: (dy s_w^T) quantized per token
-and no gradient for W (frozen). _scaled_mm on CUDA takes its first operand row-major and its second column-major: W8
-as stored (out x in, row-major) is the forward's second operand as it is, and the backward's only transposed. So the
-backward copies each layer's W8 transposed while it runs, one byte a weight of one layer at a time (25 MB for the 3B
-shape's largest), and then drops it. The alternatives: dequantizing W to bf16 for a bf16 matmul takes two bytes a
-weight of a layer and runs that half of the frozen layers' matmuls at bf16's rate (the backward's is as large as the
-forward's); keeping a transposed copy takes a second byte a weight for the whole run, bf16's memory. On an H200, the
-3B shape's layers forward and backward: 6.10 ms a layer so, 6.92 dequantized, 8.23 in bf16 (docs/speed.md).
+and no gradient for W (frozen). Both accumulate exactly. Hopper's fast accumulation (use_fast_accum, which torchao's
+float8 training takes for its forward) took 12% less time a matmul on an H200's 3B shapes, timed alone
+(fp8_gemms_h200.md); its error and what it does to a whole step and its loss are not measured yet, so it is off
+(FAST_ACCUM; the levers of benchmarks/throughput_levers.py turn it on for that measurement).
+
+_scaled_mm on CUDA takes its first operand row-major and its second column-major: W8 as stored (out x in, row-major)
+is the forward's second operand as it is, and the backward's only transposed. So the backward copies each layer's W8
+transposed while it runs, one byte a weight of one layer at a time (25 MB for the 3B shape's largest), and then drops
+it. The alternatives: dequantizing W to bf16 for a bf16 matmul takes two bytes a weight of a layer and runs that half
+of the frozen layers' matmuls at bf16's rate (the backward's is as large as the forward's); keeping a transposed copy
+takes a second byte a weight for the whole run, bf16's memory. On an H200, the 3B shape's layers forward and backward:
+6.10 ms a layer so, 6.92 dequantized, 8.23 in bf16 (docs/speed.md).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ E4M3_MAX = 448.0  # the largest float8_e4m3fn value
 FP8_CAPABILITY = (8, 9)  # Ada (L4, RTX 40xx) and later: Hopper (H100, H200), Blackwell
 ALIGN = 16  # _scaled_mm on CUDA takes operands whose widths are multiples of 16
 GPUS = "L4, RTX 40xx, H100, H200"
+FAST_ACCUM = {"forward": False, "backward": False}  # which pass's matmuls use fast accumulation (module docstring)
 
 
 def refusal(device: str, name: str = "", capability: tuple = (0, 0)) -> str | None:
@@ -63,10 +69,11 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t / scale.to(t.dtype)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
-def matmul(a: torch.Tensor, b8_t: torch.Tensor, b_scale: torch.Tensor, out_dtype) -> torch.Tensor:
-    """a (rows x k) times b8_t (k x n, float8, column-major) scaled by b_scale (1 x n): a is quantized per row here."""
+def matmul(a: torch.Tensor, b8_t: torch.Tensor, b_scale: torch.Tensor, out_dtype, fast: bool) -> torch.Tensor:
+    """a (rows x k) times b8_t (k x n, float8, column-major) scaled by b_scale (1 x n): a is quantized per row here;
+    fast: Hopper's fast accumulation."""
     a8, a_scale = quantize_rows(a)
-    return torch._scaled_mm(a8, b8_t, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype)
+    return torch._scaled_mm(a8, b8_t, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype, use_fast_accum=fast)
 
 
 def aligned(n: int) -> int:
@@ -88,7 +95,8 @@ class Fp8Matmul(torch.autograd.Function):
     def forward(ctx, x, w8, w_scale, out_features):
         ctx.save_for_backward(w8, w_scale)
         ctx.lead, ctx.in_features = x.shape[:-1], x.shape[-1]
-        y = matmul(padded(x.reshape(-1, x.shape[-1]), w8.shape[1]), w8.t(), w_scale.view(1, -1), x.dtype)
+        y = matmul(padded(x.reshape(-1, x.shape[-1]), w8.shape[1]), w8.t(), w_scale.view(1, -1), x.dtype,
+                   FAST_ACCUM["forward"])
         return y[:, :out_features].view(*x.shape[:-1], out_features)
 
     @staticmethod
@@ -97,7 +105,8 @@ class Fp8Matmul(torch.autograd.Function):
         ones = torch.ones(1, w8.shape[1], device=dy.device, dtype=torch.float32)
         dy = padded(dy.reshape(-1, dy.shape[-1]), w8.shape[0])
         # w8 transposed into the layout _scaled_mm takes as its second operand, for this layer only (module docstring)
-        dx = matmul(dy * w_scale.view(1, -1).to(dy.dtype), w8.t().contiguous().t(), ones, dy.dtype)
+        dx = matmul(dy * w_scale.view(1, -1).to(dy.dtype), w8.t().contiguous().t(), ones, dy.dtype,
+                    FAST_ACCUM["backward"])
         return dx[:, :ctx.in_features].reshape(*ctx.lead, ctx.in_features), None, None, None
 
 

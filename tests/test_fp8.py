@@ -100,6 +100,39 @@ def test_the_fp8_linear_forward_and_input_gradient_match_bf16_on_the_same_weight
     assert y.dtype == dx.dtype == torch.bfloat16
 
 
+def scaled_mm_fast_accum_flags(layer, x, dy) -> tuple[list, list]:
+    """The use_fast_accum flag of each _scaled_mm call the layer makes in its forward, and in its backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._scaled_mm.default:
+                named = dict(zip([a.name for a in func._schema.arguments], args, strict=False)) | (kwargs or {})
+                seen.append(named.get("use_fast_accum", False))
+            return func(*args, **(kwargs or {}))
+
+    x = x.clone().requires_grad_()
+    with Record():
+        y = layer(x)
+        forward, seen[:] = list(seen), []
+        y.backward(dy)
+    return forward, seen
+
+
+def test_both_passes_accumulate_exactly_unless_fast_accum_says_each(monkeypatch):
+    """Exact fp32 accumulation in both passes, as every measured fp8 run had; FAST_ACCUM turns Hopper's fast
+    accumulation on per pass (the fp8fastfwd and fp8fast levers). The CPU ignores the flag, so this reads the flag of
+    each _scaled_mm call the layer makes."""
+    layer, _, x, dy = linear_and_reference()
+    assert scaled_mm_fast_accum_flags(layer, x, dy) == ([False], [False])
+    monkeypatch.setitem(fp8.FAST_ACCUM, "forward", True)
+    assert scaled_mm_fast_accum_flags(layer, x, dy) == ([True], [False])
+    monkeypatch.setitem(fp8.FAST_ACCUM, "backward", True)
+    assert scaled_mm_fast_accum_flags(layer, x, dy) == ([True], [True])
+
+
 @pytest.mark.integration
 def test_torch_compile_runs_the_same_fp8_math():
     """What dsnb's compiled loop runs (on a GPU, replayed as CUDA graphs): the graph inductor makes of the fp8 layer's
@@ -285,3 +318,21 @@ def test_the_fp8head_lever_gives_the_head_an_fp8_copy_and_keeps_the_embedding(mo
         logits = {name: m(ids).logits for name, m in [("bf16", reference), ("fp8", base_only), ("head", with_head)]}
     assert rel(logits["fp8"], logits["bf16"]) < 2 * E4M3_STEP
     assert 0 < rel(logits["head"], logits["fp8"]) < 2 * E4M3_STEP  # the head's own rounding, no more
+
+
+def test_the_gemm_benchmark_times_every_form_and_checks_each_output_against_the_exact_product(tmp_path):
+    """benchmarks/fp8_gemms.py --offline (the CPU, small widths): a line for every layer, pass and form, and each
+    matmul's output as close to its operands' exact product as bf16 rounding allows (the CPU computes exactly and
+    rounds once), so the references pair each form with its own operands and scales."""
+    out = tmp_path / "gemms.jsonl"
+    subprocess.run([sys.executable, "benchmarks/fp8_gemms.py", "--offline", "--out", str(out)], check=True,
+                   cwd=pathlib.Path(__file__).resolve().parent.parent, capture_output=True)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["layer"], r["pass"], r["form"]) for r in lines} == {
+        (layer, pass_, form) for layer in ("q", "k", "v", "o", "gate", "up", "down", "head")
+        for pass_ in ("forward", "dgrad")
+        for form in ("bf16", "rowwise", "rowwise_fast", "tensorwise", "tensorwise_fast")} | {
+        (layer, "dgrad", "transpose") for layer in ("q", "k", "v", "o", "gate", "up", "down", "head")}
+    for r in lines:
+        if r["form"] != "transpose":
+            assert r["ms"] > 0 and float(r["rel_err"]) <= 1.5 * float(r["bf16_rounding"]), r
