@@ -9,13 +9,13 @@ The synthetic Llama 3.2 3B shape's seven Linears of a layer (q, k, v, o, gate, u
   rowwise       torch._scaled_mm with a scale per row of each operand (dsnb/fp8.py), fp32 accumulation
   rowwise_fast  the same with use_fast_accum (Hopper's faster, less exact accumulation; torchao's forward default)
   tensorwise    one scale per operand, fp32 accumulation; tensorwise_fast with use_fast_accum
-The input gradient's rowwise forms scale W^T's rows here (dsnb/fp8.py folds W's row scales into dy and passes
-ones: the same kernel, other scale values). The input gradient's fp8 forms take W transposed (dsnb/fp8.py copies it per layer at each backward); that copy is
-timed apart (transpose). Each line also gives the output's error against the same operands' exact product (fp32,
-relative to its norm: rel_err) beside bf16 rounding's own (bf16_rounding). Operands are quantized beforehand: this
-times the matmuls only, not the quantizing kernels (those are in the profiles, profile_throughput_fp8_h100.txt).
-Prints one JSON line per (layer, pass, form) with the median of `iters` timed calls, then each form's total for a
-step's 28 layers and one head; --out appends the lines.
+The input gradient's rowwise forms scale W^T's rows here (dsnb/fp8.py folds W's row scales into dy and passes ones:
+the same kernel, other scale values). The input gradient's fp8 forms take W transposed (dsnb/fp8.py copies it per
+layer at each backward); that copy is timed apart (transpose). Each line also gives the output's error against the
+same operands' exact product (fp32, relative to its norm: rel_err) beside bf16 rounding's own (bf16_rounding).
+Operands are quantized beforehand: this times the matmuls only, not the quantizing kernels (those are in the
+profiles, profile_throughput_fp8_h100.txt). Prints one JSON line per (layer, pass, form) with the median of `iters`
+timed calls, then each form's total for a step's 28 layers and one head; --out appends the lines.
 """
 import argparse
 import json
