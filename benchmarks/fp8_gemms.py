@@ -120,8 +120,9 @@ def main() -> None:
             k, n = k // 32, n // 32 // 16 * 16 or 16
         for (pass_, form), (fn, exact) in calls(rows, k, n, device).items():
             ms = timed(fn, iters, device)
+            flops = None if form == "transpose" else round(2 * rows * k * n / ms / 1e9, 1)  # a copy: no FLOPs
             line = {"gpu": gpu, "layer": name, "pass": pass_, "form": form, "rows": rows, "k": k, "n": n,
-                    "ms": round(ms, 4), "tflops": round(2 * rows * k * n / ms / 1e9, 1),
+                    "ms": round(ms, 4), "tflops": flops,
                     **(errors(fn(), exact()) if exact else {})}
             lines.append(line)
             print(json.dumps(line), flush=True)

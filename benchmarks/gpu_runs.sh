@@ -15,7 +15,8 @@
 #                                                    # held-out exact match and F1, REPEATS (4) of each, interleaved
 #                                                    # (benchmarks/fp8_quality.py)
 #   OUT=out bash benchmarks/gpu_runs.sh fp8head      # the LM head in fp8 too (throughput_levers.py fp8head) beside
-#                                                    # bf16's throughput mode (LEVERS="fp8 fp8head": beside fp8's)
+#                                                    # bf16's throughput mode (LEVERS="fp8 fp8head": beside fp8's;
+#                                                    # any throughput_levers.py levers: fp8fastfwd, fp8fast)
 #   OUT=out bash benchmarks/gpu_runs.sh chunkloss    # the loss chunked (loss_chunk) against whole logits: the
 #                                                    # throughput mode and the colab_t4 recipe (PARTS="throughput
 #                                                    # t4" by default; t4fast: its compiled fast recipe;
@@ -512,7 +513,7 @@ t4pad)  # why 8-bit weights padded per batch took longer a step than padded to 5
   dump t4pad
   ;;
 *)
-  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|fp8quality|fp8head|chunkloss|matmuls|peers|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
+  echo "usage: OUT=dir bash benchmarks/gpu_runs.sh bench|advise|throughput|fp8|fp8quality|fp8head|fp8gemms|chunkloss|matmuls|peers|multi|capacity|zero3|big|nvme|colab|speed|last|profile|fast|zero2knobs|scale8b|notebook01|notebook01rerun|zerographs|graphscheck|deepcompile|scale4|rows|t4drop|t4pad [more]" >&2
   exit 2
   ;;
 esac

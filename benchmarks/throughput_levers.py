@@ -19,7 +19,8 @@ LEVER is one of:
   fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head)
   fp8fastfwd  fp8 with Hopper's fast accumulation in the forward's matmuls (torchao's float8 choice; dsnb/fp8.py
            FAST_ACCUM), the input gradient's exact
-  fp8fast  fp8 with fast accumulation in both passes' matmuls
+  fp8fast  fp8 with fast accumulation in both passes' matmuls (FAST_ACCUM is no RunConfig field: only the lever's
+           run name, throughput_fp8fastfwd or throughput_fp8fast, records it)
   fp8head  fp8 with the LM head in fp8 too (issue 38's 1.3x: the head is ~12% of the step's matmul FLOPs, and its
            logits' matmul stays bf16 in fp8; Llama 3.2's head is its input embedding: the head gets an fp8 copy, the
            embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost

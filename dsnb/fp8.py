@@ -11,13 +11,14 @@ smallest under one scale). Powers of two: multiplying by one is exact, and so is
 are kept as uint8: a module cast (model.to(dtype), .bfloat16(), as older DeepSpeed releases applied to a bf16 model)
 converts every floating-point tensor, float8 included, and leaves integer ones alone.
 
-The math, through torch._scaled_mm (fp8 operands, fp32 accumulation, bf16 out), with W = diag(s_w) W8:
+The math, through torch._scaled_mm (fp8 operands, fp32 accumulation unless FAST_ACCUM, bf16 out), W = diag(s_w) W8:
   forward   y  = x W^T = (s_x x8) W8^T s_w^T     x8, s_x: x quantized per token at each call (dynamic)
   backward  dx = dy W  = s_g g8 W8                g8, s_g: (dy s_w^T) quantized per token
-and no gradient for W (frozen). Both accumulate exactly. Hopper's fast accumulation (use_fast_accum, which torchao's
-float8 training takes for its forward) took 12% less time a matmul on an H200's 3B shapes, timed alone
-(fp8_gemms_h200.md); its error and what it does to a whole step and its loss are not measured yet, so it is off
-(FAST_ACCUM; the levers of benchmarks/throughput_levers.py turn it on for that measurement).
+and no gradient for W (frozen). Neither takes Hopper's fast accumulation (use_fast_accum, which torchao's float8
+training takes for its forward): the 3B shape's frozen matmuls took 12% less time with it on an H200, timed alone
+(fp8_gemms_h200.md), but its error and what it does to a whole step and its loss are not measured yet. FAST_ACCUM
+turns it on per pass; it is a benchmark lever (benchmarks/throughput_levers.py fp8fastfwd, fp8fast), not a RunConfig
+field, and a run does not log it: only such a lever's run name says it was on.
 
 _scaled_mm on CUDA takes its first operand row-major and its second column-major: W8 as stored (out x in, row-major)
 is the forward's second operand as it is, and the backward's only transposed. So the backward copies each layer's W8

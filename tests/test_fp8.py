@@ -323,7 +323,8 @@ def test_the_fp8head_lever_gives_the_head_an_fp8_copy_and_keeps_the_embedding(mo
 def test_the_gemm_benchmark_times_every_form_and_checks_each_output_against_the_exact_product(tmp_path):
     """benchmarks/fp8_gemms.py --offline (the CPU, small widths): a line for every layer, pass and form, and each
     matmul's output as close to its operands' exact product as bf16 rounding allows (the CPU computes exactly and
-    rounds once), so the references pair each form with its own operands and scales."""
+    rounds once). It catches a form paired with another's operands or scales; not fast accumulation's error (the CPU
+    ignores the flag), a mistake the form and its reference share, or a layout CUDA would refuse."""
     out = tmp_path / "gemms.jsonl"
     subprocess.run([sys.executable, "benchmarks/fp8_gemms.py", "--offline", "--out", str(out)], check=True,
                    cwd=pathlib.Path(__file__).resolve().parent.parent, capture_output=True)
