@@ -197,7 +197,8 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
 fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) beside the bf16 throughput mode in one call,
   # each a fresh process from a cold compile cache: LEVERS="now fp8head" (default) for the ratio to bf16, then
   # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss; any levers of
-  # throughput_levers.py (LEVERS="now fp8 fp8fastfwd": fp8's fast accumulation). Each lever is stopped after
+  # throughput_levers.py (LEVERS=fp8fastfwd LIMIT=440: fp8's fast accumulation; one cold fp8 compile a call on a new
+  # machine, as fp8head_h100.md's calls 4-6). Each lever is stopped after
   # LIMIT s (default 420: fp8head's cold compile on an H100 took more than 260 s; bf16's about 150)
   prebuild synthetic:llama-3.2-3b
   for lever in ${LEVERS:-now fp8head}; do
