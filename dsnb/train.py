@@ -417,11 +417,34 @@ def deepspeed_env(device: str) -> None:
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port))
+                          MASTER_PORT=str(rendezvous_port()))
+
+
+EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def rendezvous_port(ephemeral: str = EPHEMERAL_PORTS) -> int:
+    """A free port for a single process's rendezvous (torch's store listens on it when the group starts), below the
+    kernel's ephemeral range where it names one (Linux). A port bind(0) hands out is ephemeral: until the store
+    listens, another process's outgoing connection can take it, and two sweeps at once failed a variant so
+    (EADDRINUSE). Random, so processes starting together seldom pick the same; free when picked."""
+    try:
+        with open(ephemeral) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    pick = random.SystemRandom()
+    for _ in range(100 if low > 2048 else 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", pick.randrange(max(1024, low - 8192), low)))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    with socket.socket() as s:  # no ephemeral range known, or none of the ports below it free: any free port
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter,

@@ -470,3 +470,21 @@ def test_the_training_math_is_compared_by_what_trains_not_by_how_it_runs(tmp_pat
         file_cfg = RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=8))
         prints.append(data_fingerprint(build_dataset(file_cfg, tokenizer, load_records(file_cfg))))
     assert prints[0] != prints[1]
+
+
+def test_the_rendezvous_port_is_free_and_below_the_kernels_ephemeral_range(tmp_path):
+    """Two sweeps writing one store at once failed a variant (DistNetworkError, EADDRINUSE): its port came from
+    bind(0), so was ephemeral, and another process's connection took it before torch's store listened. The port is
+    now picked below the ephemeral range the kernel names, at random, and free; with no range known, any free port."""
+    import socket
+
+    from dsnb.train import rendezvous_port
+
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    ports = {rendezvous_port(str(ranges)) for _ in range(20)}
+    assert all(32768 - 8192 <= port < 32768 for port in ports) and len(ports) > 1
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    assert 0 < rendezvous_port(str(tmp_path / "missing")) < 65536
