@@ -1,6 +1,5 @@
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -47,10 +46,12 @@ LONG = dict(model="synthetic:tiny", dataset="synthetic", num_samples=64, dtype="
 
 
 def free_port() -> int:
-    """A port nothing on 127.0.0.1 listens on now (a fixed one may be taken by another checkout's tests)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing on 127.0.0.1 listens on now (a fixed one may be taken by another checkout's tests), below the
+    kernel's ephemeral range, as dsnb picks its rendezvous port: one bind(0) hands out can be taken by another
+    process's connection before the server listens."""
+    from dsnb.train import rendezvous_port
+
+    return rendezvous_port()
 
 
 def wait_for_training(uri: str, name: str, timeout: float = 240):
