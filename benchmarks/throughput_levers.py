@@ -24,6 +24,7 @@ LEVER is one of:
   fp8head  fp8 with the LM head in fp8 too (issue 38's 1.3x: the head is ~12% of the step's matmul FLOPs, and its
            logits' matmul stays bf16 in fp8; Llama 3.2's head is its input embedding: the head gets an fp8 copy, the
            embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost
+  fp8headfast  fp8head with fast accumulation in both passes' matmuls (fp8fast's), the head's too
   chunk    now with the loss chunked (loss_chunk 1024, dsnb/loss.py): the LM head and cross-entropy 1,024 tokens at a
            time, each chunk's gradient made in its forward, so the 12,288 tokens' whole logits are never held
   chunk24  chunk with 24 rows of 1024 tokens a micro-batch, twice the bench's (which whole logits leave no room for on
@@ -44,7 +45,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "fp8",
-                                     "fp8fastfwd", "fp8fast", "fp8head", "chunk", "chunk24"))
+                                     "fp8fastfwd", "fp8fast", "fp8head", "fp8headfast", "chunk", "chunk24"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -58,12 +59,13 @@ def main() -> None:
     if a.lever in ("chunk", "chunk24"):
         rows = 2 * cfg.batch_size if a.lever == "chunk24" else cfg.batch_size
         return record(a, train.train(cfg.replace(loss_chunk=1024, batch_size=rows)))
-    if a.lever in ("fp8", "fp8fastfwd", "fp8fast", "fp8head"):
+    if a.lever in ("fp8", "fp8fastfwd", "fp8fast", "fp8head", "fp8headfast"):
         from dsnb import fp8
 
-        if a.lever == "fp8head":
+        if a.lever in ("fp8head", "fp8headfast"):
             head_in_fp8()
-        fp8.FAST_ACCUM.update(forward=a.lever in ("fp8fastfwd", "fp8fast"), backward=a.lever == "fp8fast")
+        fast = a.lever in ("fp8fast", "fp8headfast")
+        fp8.FAST_ACCUM.update(forward=fast or a.lever == "fp8fastfwd", backward=fast)
         return record(a, train.train(cfg.replace(quantization="fp8")))
     cfg = cfg.replace(max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
                       prompt="eos")  # as the first levers were measured: closed-book samples, rows of 512
