@@ -16,7 +16,7 @@
 #                                                    # (benchmarks/fp8_quality.py)
 #   OUT=out bash benchmarks/gpu_runs.sh fp8head      # the LM head in fp8 too (throughput_levers.py fp8head) beside
 #                                                    # bf16's throughput mode (LEVERS="fp8 fp8head": beside fp8's;
-#                                                    # any throughput_levers.py levers: fp8fastfwd, fp8fast)
+#                                                    # any throughput_levers.py levers: fp8exact, fp8fastfwd)
 #   OUT=out bash benchmarks/gpu_runs.sh chunkloss    # the loss chunked (loss_chunk) against whole logits: the
 #                                                    # throughput mode and the colab_t4 recipe (PARTS="throughput
 #                                                    # t4" by default; t4fast: its compiled fast recipe;
@@ -197,9 +197,9 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
 fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) beside the bf16 throughput mode in one call,
   # each a fresh process from a cold compile cache: LEVERS="now fp8head" (default) for the ratio to bf16, then
   # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss; any levers of
-  # throughput_levers.py (LEVERS=fp8fastfwd LIMIT=440: fp8's fast accumulation; one cold fp8 compile a call on a new
-  # machine, as fp8head_h100.md's calls 4-6). Each lever is stopped after
-  # LIMIT s (default 420: fp8head's cold compile on an H100 took more than 260 s; bf16's about 150)
+  # throughput_levers.py (fp8exact: fp32 accumulation, fp8fastfwd: fast in the forward only). Each lever is stopped
+  # after LIMIT s (default 420: fp8head's cold compile on a new H100 took more than 260 s; on an H200 an fp8 lever's
+  # run took 170-190 s from start to end, bf16's 114: fp8_accum_h200.md); the device call's own limit must cover them
   prebuild synthetic:llama-3.2-3b
   for lever in ${LEVERS:-now fp8head}; do
     lever "$lever" "${LIMIT:-420}"

@@ -16,15 +16,14 @@ LEVER is one of:
   now      the bench's throughput_compiled as it is (12 rows of 1024 tokens, the passage prompt), LoRA's dropout masks
            drawn by dsnb's own kernel, four to a Philox call (dsnb/dropout.py)
   inddrop  now with inductor's dropout instead, one Philox call an element inside the kernel that uses the mask
-  fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head)
-  fp8fastfwd  fp8 with Hopper's fast accumulation in the forward's matmuls (torchao's float8 choice; dsnb/fp8.py
-           FAST_ACCUM), the input gradient's exact
-  fp8fast  fp8 with fast accumulation in both passes' matmuls (FAST_ACCUM is no RunConfig field: only the lever's
-           run name, throughput_fp8fastfwd or throughput_fp8fast, records it)
+  fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head) as dsnb runs it: fast
+           accumulation in both passes (fp8_fast_accum both; measured as fp8fast before it was the default)
+  fp8exact fp8 with fp32 accumulation (fp8_fast_accum none; dsnb's fp8 before 2026-12-06, measured as fp8 until then)
+  fp8fastfwd  fp8 with fast accumulation in the forward's matmuls only (fp8_fast_accum forward: torchao's float8 choice)
   fp8head  fp8 with the LM head in fp8 too (issue 38's 1.3x: the head is ~12% of the step's matmul FLOPs, and its
            logits' matmul stays bf16 in fp8; Llama 3.2's head is its input embedding: the head gets an fp8 copy, the
-           embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost
-  fp8headfast  fp8head with fast accumulation in both passes' matmuls (fp8fast's), the head's too
+           embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost (measured as
+           fp8headfast on 2026-12-06; fp8head until then accumulated in fp32)
   chunk    now with the loss chunked (loss_chunk 1024, dsnb/loss.py): the LM head and cross-entropy 1,024 tokens at a
            time, each chunk's gradient made in its forward, so the 12,288 tokens' whole logits are never held
   chunk24  chunk with 24 rows of 1024 tokens a micro-batch, twice the bench's (which whole logits leave no room for on
@@ -45,7 +44,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "fp8",
-                                     "fp8fastfwd", "fp8fast", "fp8head", "fp8headfast", "chunk", "chunk24"))
+                                     "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -59,14 +58,11 @@ def main() -> None:
     if a.lever in ("chunk", "chunk24"):
         rows = 2 * cfg.batch_size if a.lever == "chunk24" else cfg.batch_size
         return record(a, train.train(cfg.replace(loss_chunk=1024, batch_size=rows)))
-    if a.lever in ("fp8", "fp8fastfwd", "fp8fast", "fp8head", "fp8headfast"):
-        from dsnb import fp8
-
-        if a.lever in ("fp8head", "fp8headfast"):
+    if a.lever in ("fp8", "fp8exact", "fp8fastfwd", "fp8head"):
+        if a.lever == "fp8head":
             head_in_fp8()
-        fast = a.lever in ("fp8fast", "fp8headfast")
-        fp8.FAST_ACCUM.update(forward=fast or a.lever == "fp8fastfwd", backward=fast)
-        return record(a, train.train(cfg.replace(quantization="fp8")))
+        accum = {"fp8exact": "none", "fp8fastfwd": "forward"}.get(a.lever, "both")
+        return record(a, train.train(cfg.replace(quantization="fp8", fp8_fast_accum=accum)))
     cfg = cfg.replace(max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
                       prompt="eos")  # as the first levers were measured: closed-book samples, rows of 512
     if a.lever in ("base", "flex", "cdt", "rows256"):  # 256 samples a step (offline 16), packed as a batch needs
@@ -90,10 +86,10 @@ def head_in_fp8() -> None:
 
     every_linear_but_the_head = fp8.quantize_linears
 
-    def with_head(model) -> int:
-        count = every_linear_but_the_head(model)
+    def with_head(model, fast_accum: str) -> int:
+        count = every_linear_but_the_head(model, fast_accum)
         model.config.tie_word_embeddings = False  # a later tie_weights() would put the bf16 embedding back in the head
-        model.set_output_embeddings(fp8.Fp8Linear(model.get_output_embeddings()))
+        model.set_output_embeddings(fp8.Fp8Linear(model.get_output_embeddings(), fast_accum))
         return count + 1
 
     fp8.quantize_linears = with_head

@@ -23,6 +23,7 @@ import yaml
 STRATEGIES = ("baseline", "zero0", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "cpu", "nvme")
 QUANTIZATIONS = ("none", "8bit", "4bit", "fp8")
+FP8_FAST_ACCUMS = ("both", "forward", "none")
 DTYPES = ("fp32", "bf16", "fp16")
 PADDINGS = ("max_length", "longest", "bucket", "packed", "filled")
 ATTENTIONS = ("sdpa", "flex")
@@ -114,6 +115,11 @@ class RunConfig:
     """Base-weight storage: none | 8bit | 4bit (bitsandbytes; 4bit is QLoRA's NF4) | fp8: LoRA's frozen Linear weights
     in float8 (e4m3, a scale per output row; dsnb/fp8.py), their matmuls in fp8 forward and backward; fp8 needs LoRA,
     dtype bf16, a GPU of compute capability 8.9 or more (L4, RTX 40xx, H100, H200) and no ZeRO-3."""
+    fp8_fast_accum: str = "both"
+    """With quantization fp8, which passes' fp8 matmuls take Hopper's fast accumulation (torch._scaled_mm's
+    use_fast_accum): both (dsnb's default: 1.30x bf16's throughput mode on an H200, against 1.23x with none, the loss
+    the same within 0.02%; benchmarks/results/fp8_accum_h200.md), forward (torchao's float8 choice), or none (fp32
+    accumulation, as every fp8 run before dsnb took this field)."""
     dtype: str = "fp16"
     """Compute precision: fp32 | bf16 | fp16 (fp16 needs a GPU)."""
     lora_r: int = 16
@@ -274,7 +280,8 @@ class RunConfig:
         for name, allowed in (("strategy", STRATEGIES), ("offload_optimizer", OFFLOADS),
                               ("offload_param", OFFLOADS), ("quantization", QUANTIZATIONS),
                               ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS),
-                              ("host_ram_check", RAM_CHECKS), ("attention", ATTENTIONS), ("scoring", SCORINGS)):
+                              ("host_ram_check", RAM_CHECKS), ("attention", ATTENTIONS), ("scoring", SCORINGS),
+                              ("fp8_fast_accum", FP8_FAST_ACCUMS)):
             if getattr(self, name) not in allowed:
                 fail(name, f"is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
         self._check_ranges()
@@ -380,6 +387,9 @@ class RunConfig:
         if self.quantization == "8bit" and self.zero_stage == 3:
             fail("quantization", "8bit cannot be partitioned by ZeRO-3; use 4bit, none, or strategy zero2")
         if self.quantization != "fp8":
+            if self.fp8_fast_accum != RunConfig.__dataclass_fields__["fp8_fast_accum"].default:
+                fail("fp8_fast_accum", f"is {self.fp8_fast_accum!r} but applies only with quantization fp8; set "
+                                       "quantization fp8 or leave fp8_fast_accum at its default")
             return
         if self.zero_stage == 3:  # ZeRO-3 loads each weight into its partition; fp8 layers are made of whole weights
             fail("quantization", "fp8 weights are not partitioned by ZeRO-3; use strategy zero2 (or zero1), or "
@@ -470,6 +480,8 @@ class RunConfig:
         parts.append("full" if self.lora_r == 0 else f"lora{self.lora_r}")
         if self.quantization != "none":
             parts.append(self.quantization)
+        if self.fp8_fast_accum != "both":
+            parts.append({"none": "exactaccum", "forward": "fastaccumfwd"}[self.fp8_fast_accum])
         parts.append(self.dtype)
         if self.torch_compile:
             parts.append("compiled")

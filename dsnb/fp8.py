@@ -11,14 +11,17 @@ smallest under one scale). Powers of two: multiplying by one is exact, and so is
 are kept as uint8: a module cast (model.to(dtype), .bfloat16(), as older DeepSpeed releases applied to a bf16 model)
 converts every floating-point tensor, float8 included, and leaves integer ones alone.
 
-The math, through torch._scaled_mm (fp8 operands, fp32 accumulation unless FAST_ACCUM, bf16 out), W = diag(s_w) W8:
+The math, through torch._scaled_mm (fp8 operands, bf16 out), W = diag(s_w) W8:
   forward   y  = x W^T = (s_x x8) W8^T s_w^T     x8, s_x: x quantized per token at each call (dynamic)
   backward  dx = dy W  = s_g g8 W8                g8, s_g: (dy s_w^T) quantized per token
-and no gradient for W (frozen). Neither takes Hopper's fast accumulation (use_fast_accum, which torchao's float8
-training takes for its forward): the 3B shape's frozen matmuls took 12% less time with it on an H200, timed alone
-(fp8_gemms_h200.md), but its error and what it does to a whole step and its loss are not measured yet. FAST_ACCUM
-turns it on per pass; it is a benchmark lever (benchmarks/throughput_levers.py fp8fastfwd, fp8fast), not a RunConfig
-field, and a run does not log it: only such a lever's run name says it was on.
+and no gradient for W (frozen). Accumulation: Hopper's fast accumulation (use_fast_accum) in both passes unless the
+run's fp8_fast_accum says otherwise (forward: the forward's only, as torchao's float8 training; none: fp32, as every
+fp8 run before that field). On an H200 the 3B shape's throughput mode ran 1.30x bf16's real tokens/s with it in both
+passes, 1.27x in the forward only and 1.23x with none, the mean loss within 0.02% of none's (one cold run each,
+benchmarks/results/fp8_accum_h200.md). Its matmuls alone: 10-12% faster in each pass (two calls); their outputs'
+error against the exact product of their fp8 operands 1.05-1.6x bf16 rounding's, growing with the reduction's length
+(3,072 to 8,192), against 1.01x with fp32 accumulation, and 6.2x for a 128,256-long one (the LM head's input
+gradient, which dsnb's fp8 leaves in bf16; fp8_gemms_h200.md, call 2).
 
 _scaled_mm on CUDA takes its first operand row-major and its second column-major: W8 as stored (out x in, row-major)
 is the forward's second operand as it is, and the backward's only transposed. So the backward copies each layer's W8
@@ -38,7 +41,6 @@ E4M3_MAX = 448.0  # the largest float8_e4m3fn value
 FP8_CAPABILITY = (8, 9)  # Ada (L4, RTX 40xx) and later: Hopper (H100, H200), Blackwell
 ALIGN = 16  # _scaled_mm on CUDA takes operands whose widths are multiples of 16
 GPUS = "L4, RTX 40xx, H100, H200"
-FAST_ACCUM = {"forward": False, "backward": False}  # which pass's matmuls use fast accumulation (module docstring)
 
 
 def refusal(device: str, name: str = "", capability: tuple = (0, 0)) -> str | None:
@@ -72,7 +74,7 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def matmul(a: torch.Tensor, b8_t: torch.Tensor, b_scale: torch.Tensor, out_dtype, fast: bool) -> torch.Tensor:
     """a (rows x k) times b8_t (k x n, float8, column-major) scaled by b_scale (1 x n): a is quantized per row here;
-    fast: Hopper's fast accumulation."""
+    fast: Hopper's fast accumulation (fp32 otherwise)."""
     a8, a_scale = quantize_rows(a)
     return torch._scaled_mm(a8, b8_t, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype, use_fast_accum=fast)
 
@@ -93,11 +95,11 @@ class Fp8Matmul(torch.autograd.Function):
     out_features and in_features."""
 
     @staticmethod
-    def forward(ctx, x, w8, w_scale, out_features):
+    def forward(ctx, x, w8, w_scale, out_features, fast_forward, fast_backward):
         ctx.save_for_backward(w8, w_scale)
-        ctx.lead, ctx.in_features = x.shape[:-1], x.shape[-1]
+        ctx.lead, ctx.in_features, ctx.fast_backward = x.shape[:-1], x.shape[-1], fast_backward
         y = matmul(padded(x.reshape(-1, x.shape[-1]), w8.shape[1]), w8.t(), w_scale.view(1, -1), x.dtype,
-                   FAST_ACCUM["forward"])
+                   fast_forward)
         return y[:, :out_features].view(*x.shape[:-1], out_features)
 
     @staticmethod
@@ -107,8 +109,8 @@ class Fp8Matmul(torch.autograd.Function):
         dy = padded(dy.reshape(-1, dy.shape[-1]), w8.shape[0])
         # w8 transposed into the layout _scaled_mm takes as its second operand, for this layer only (module docstring)
         dx = matmul(dy * w_scale.view(1, -1).to(dy.dtype), w8.t().contiguous().t(), ones, dy.dtype,
-                    FAST_ACCUM["backward"])
-        return dx[:, :ctx.in_features].reshape(*ctx.lead, ctx.in_features), None, None, None
+                    ctx.fast_backward)
+        return dx[:, :ctx.in_features].reshape(*ctx.lead, ctx.in_features), None, None, None, None, None
 
 
 class Fp8Linear(torch.nn.Linear):
@@ -120,8 +122,9 @@ class Fp8Linear(torch.nn.Linear):
     small's MLPs) is stored with zero rows or columns up to the next multiple: zeros add nothing to a product, so the
     math is the unpadded layer's, the input padded and the output cut at each call."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, fast_accum: str = "both"):
         torch.nn.Module.__init__(self)
+        self.fast_accum = fast_accum  # which passes take fast accumulation: both, forward or none (RunConfig)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = linear.weight.dtype
         weight = torch.nn.functional.pad(linear.weight.detach(), (0, aligned(self.in_features) - self.in_features,
@@ -134,12 +137,13 @@ class Fp8Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = Fp8Matmul.apply(x.to(self.compute_dtype), self.weight.view(torch.float8_e4m3fn), self.scale.float(),
-                            self.out_features)
+                            self.out_features, self.fast_accum != "none", self.fast_accum == "both")
         return y if self.bias is None else y + self.bias
 
 
-def quantize_linears(model: torch.nn.Module) -> int:
-    """Each Linear of model (before LoRA wraps it) becomes an Fp8Linear, in place; returns how many.
+def quantize_linears(model: torch.nn.Module, fast_accum: str = "both") -> int:
+    """Each Linear of model (before LoRA wraps it) becomes an Fp8Linear accumulating as fast_accum says (RunConfig
+    fp8_fast_accum), in place; returns how many.
 
     Kept in the model's precision: the LM head (the logits; Llama 3.2's is the input embedding itself). Widths that
     are not a multiple of 16 are padded (Fp8Linear). One layer at a time, so its bf16 weight is freed as it goes."""
@@ -148,5 +152,5 @@ def quantize_linears(model: torch.nn.Module) -> int:
     for name in names:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
-        setattr(owner, child, Fp8Linear(getattr(owner, child)))
+        setattr(owner, child, Fp8Linear(getattr(owner, child), fast_accum))
     return len(names)

@@ -229,7 +229,10 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
         reasons.append("compiled full fine-tuning without DeepSpeed is measured once, by code since changed")
     if cfg.quantization == "fp8":
         reasons.append("fp8 weights' matmul rate rests on one shape (the throughput mode, fp8_h200.md), their cost a "
-                       "micro-batch on two runs, both compiled" + (
+                       "micro-batch on two runs, both compiled, all with fp32 accumulation" + (
+                           "" if cfg.fp8_fast_accum == "none" else
+                           f" (fast accumulation, fp8_fast_accum {cfg.fp8_fast_accum}, ran that shape's step "
+                           f"{ {'both': 6, 'forward': 3}[cfg.fp8_fast_accum]}% faster: fp8_accum_h200.md)") + (
                            f"; their first compile is taken as {FP8_COMPILE:g}x bf16's" if cfg.torch_compile else
                            "; uncompiled fp8 is not measured: the Trainer's bf16 host work plus the compiled runs' fp8 "
                            "terms, its extra kernel launches not counted"))

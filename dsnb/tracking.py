@@ -236,13 +236,15 @@ def same_config(run, cfg: RunConfig) -> bool:
     kept (config.PLACES: another spelling of results_folder finds the same runs) and how many repeats a comparison
     asks for (which changes no run). A field the run has no param for (it was made by an earlier dsnb, before the
     field existed) counts as the field's default: a new runtime that installs a newer dsnb finds the finished runs
-    again, unless cfg sets the new field otherwise. A run with no config logged at all (killed as it opened) is
-    nobody's."""
+    again, unless cfg sets the new field otherwise; an fp8 run made before fp8_fast_accum accumulated in fp32, and
+    reads as none. A run with no config logged at all (killed as it opened) is nobody's."""
     params = run.data.params
     if "model" not in params:
         return False
     # a run that logged a field since renamed (config.RENAMED) predates the rule: every field must be there
     defaults = {} if RENAMED.keys() & params.keys() else default_params()
+    if params.get("quantization") == "fp8":
+        defaults = {**defaults, "fp8_fast_accum": "none"}
     return all(params.get(k, defaults.get(k)) == v for k, v in logged_params(cfg).items()
                if k not in (*PLACES, "repeats"))
 

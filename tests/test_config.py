@@ -18,6 +18,15 @@ def test_every_field_is_documented():
     assert set(field_docs()) == set(field_names())
 
 
+def test_the_configuration_page_lists_every_field_with_its_default_and_doc():
+    """docs/configuration.md's table is the docstrings' (a new field or a changed default shows there)."""
+    page = (pathlib.Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    defaults = RunConfig().to_dict()
+    for name, doc in field_docs().items():
+        text = " ".join(doc.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        assert f"| `{name}` | `{defaults[name]!r}` | {text} |" in page, name
+
+
 @pytest.mark.parametrize("changes, field", [
     (dict(strategy="zero4"), "strategy"),
     (dict(offload_optimizer="disk"), "offload_optimizer"),

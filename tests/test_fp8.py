@@ -13,7 +13,7 @@ import torch
 
 from dsnb import fp8
 from dsnb.config import OFFLINE, ConfigError, RunConfig
-from dsnb.model import SHAPES, count_parameters, load_model, synthetic_config
+from dsnb.model import SHAPES, count_parameters, load_base, load_model, synthetic_config
 
 FP8 = dict(quantization="fp8", dtype="bf16")
 E4M3_STEP = 2**-4  # e4m3 keeps 3 mantissa bits: rounding moves a value by at most 2^-4 of itself
@@ -121,16 +121,30 @@ def scaled_mm_fast_accum_flags(layer, x, dy) -> tuple[list, list]:
     return forward, seen
 
 
-def test_both_passes_accumulate_exactly_unless_fast_accum_says_each(monkeypatch):
-    """Exact fp32 accumulation in both passes, as every measured fp8 run had; FAST_ACCUM turns Hopper's fast
-    accumulation on per pass (the fp8fastfwd and fp8fast levers). The CPU ignores the flag, so this reads the flag of
-    each _scaled_mm call the layer makes."""
-    layer, _, x, dy = linear_and_reference()
-    assert scaled_mm_fast_accum_flags(layer, x, dy) == ([False], [False])
-    monkeypatch.setitem(fp8.FAST_ACCUM, "forward", True)
-    assert scaled_mm_fast_accum_flags(layer, x, dy) == ([True], [False])
-    monkeypatch.setitem(fp8.FAST_ACCUM, "backward", True)
-    assert scaled_mm_fast_accum_flags(layer, x, dy) == ([True], [True])
+@pytest.mark.parametrize("fast_accum, forward, backward", [("both", True, True), ("forward", True, False),
+                                                           ("none", False, False)])
+def test_each_pass_accumulates_as_the_runs_fp8_fast_accum_says(fast_accum, forward, backward, monkeypatch):
+    """fp8_fast_accum reaches every _scaled_mm call a run's fp8 layers make: both passes take Hopper's fast
+    accumulation by default, the forward's only with forward, neither with none. The CPU ignores the flag, so this
+    reads the flag of each call the layers of a base model loaded as a run loads it make (the CPU let past the check
+    that refuses it a run)."""
+    monkeypatch.setattr(fp8, "check_device", lambda device: None)
+    model = load_base(RunConfig(**{**OFFLINE, **FP8}, fp8_fast_accum=fast_accum), "cpu")
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head]
+    assert layers and all(type(m) is fp8.Fp8Linear and m.fast_accum == fast_accum for m in layers)
+    layer = model.model.layers[0].self_attn.q_proj
+    x = torch.randn(4, layer.in_features, dtype=torch.bfloat16)
+    dy = torch.randn(4, layer.out_features, dtype=torch.bfloat16)
+    assert scaled_mm_fast_accum_flags(layer, x, dy) == ([forward], [backward])
+
+
+def test_the_default_is_fast_accumulation_and_runs_before_the_field_read_as_exact():
+    assert RunConfig(**FP8).fp8_fast_accum == "both"
+    assert RunConfig(**FP8, fp8_fast_accum="none").derived_name().endswith("fp8_exactaccum_bf16")
+    with pytest.raises(ConfigError, match="fp8_fast_accum is 'none' but applies only with quantization fp8"):
+        RunConfig(fp8_fast_accum="none")
+    with pytest.raises(ConfigError, match="fp8_fast_accum is 'fast'; use one of both, forward, none"):
+        RunConfig(**FP8, fp8_fast_accum="fast")
 
 
 @pytest.mark.integration
@@ -310,7 +324,7 @@ def test_the_fp8head_lever_gives_the_head_an_fp8_copy_and_keeps_the_embedding(mo
     reference, base_only, with_head = tiny(176), tiny(176), tiny(176)
     fp8.quantize_linears(base_only)
     throughput_levers.head_in_fp8()
-    assert fp8.quantize_linears(with_head) == 15
+    assert fp8.quantize_linears(with_head, "both") == 15
     assert type(with_head.lm_head) is fp8.Fp8Linear and with_head.lm_head.weight.dtype == torch.uint8
     assert torch.equal(with_head.model.embed_tokens.weight, reference.model.embed_tokens.weight)
     ids = torch.randint(2, with_head.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))

@@ -405,3 +405,9 @@ def test_a_run_of_an_earlier_dsnb_without_a_newer_field_is_found_again_while_tha
     client.log_batch(renamed, params=[Param(k, v) for k, v in {**logged_params(cfg), "warmup_steps": "1"}.items()
                                       if k != "untimed_steps"])
     assert not same_config(client.get_run(renamed), cfg)
+    # an fp8 run before fp8_fast_accum accumulated in fp32: it is fp8_fast_accum none's, not the new default's
+    fp8 = cfg.replace(quantization="fp8", dtype="bf16")
+    old_fp8 = client.create_run(experiment, run_name="older").info.run_id
+    client.log_batch(old_fp8, params=[Param(k, v) for k, v in logged_params(fp8).items() if k != "fp8_fast_accum"])
+    assert not same_config(client.get_run(old_fp8), fp8)
+    assert same_config(client.get_run(old_fp8), fp8.replace(fp8_fast_accum="none"))
