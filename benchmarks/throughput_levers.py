@@ -18,12 +18,12 @@ LEVER is one of:
   inddrop  now with inductor's dropout instead, one Philox call an element inside the kernel that uses the mask
   fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head) as dsnb runs it: fast
            accumulation in both passes (fp8_fast_accum both; measured as fp8fast before it was the default)
-  fp8exact fp8 with fp32 accumulation (fp8_fast_accum none; dsnb's fp8 before 2026-12-06, measured as fp8 until then)
+  fp8exact fp8 with fp32 accumulation (fp8_fast_accum none; dsnb's fp8 until a56cbce, the lever fp8 until then)
   fp8fastfwd  fp8 with fast accumulation in the forward's matmuls only (fp8_fast_accum forward: torchao's float8 choice)
   fp8head  fp8 with the LM head in fp8 too (issue 38's 1.3x: the head is ~12% of the step's matmul FLOPs, and its
            logits' matmul stays bf16 in fp8; Llama 3.2's head is its input embedding: the head gets an fp8 copy, the
            embedding lookup stays bf16). Its mean loss against fp8's says what fp8 logits cost (measured as
-           fp8headfast on 2026-12-06; fp8head until then accumulated in fp32)
+           fp8headfast at 129e5ba; fp8head until a56cbce accumulated in fp32)
   chunk    now with the loss chunked (loss_chunk 1024, dsnb/loss.py): the LM head and cross-entropy 1,024 tokens at a
            time, each chunk's gradient made in its forward, so the 12,288 tokens' whole logits are never held
   chunk24  chunk with 24 rows of 1024 tokens a micro-batch, twice the bench's (which whole logits leave no room for on
@@ -86,7 +86,7 @@ def head_in_fp8() -> None:
 
     every_linear_but_the_head = fp8.quantize_linears
 
-    def with_head(model, fast_accum: str) -> int:
+    def with_head(model, fast_accum: str = "both") -> int:
         count = every_linear_but_the_head(model, fast_accum)
         model.config.tie_word_embeddings = False  # a later tie_weights() would put the bf16 embedding back in the head
         model.set_output_embeddings(fp8.Fp8Linear(model.get_output_embeddings(), fast_accum))

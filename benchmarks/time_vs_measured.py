@@ -142,16 +142,18 @@ ROWS += [
 ROWS.append(("advise_2", "advise.jsonl", None, RunConfig(**B3, quantization="none", dtype="bf16", torch_compile=True,
                                                          memory_budget_gb=15, max_steps=10, untimed_steps=3,
                                                          eval_samples=0, save_model=False)))
-ROWS.append(("advise_1", "advise.jsonl", None, ROWS[-1][3].replace(quantization="fp8")))  # its fp8 twin, 1st ranked
+ROWS.append(("advise_1", "advise.jsonl", None,  # its fp8 twin, 1st ranked (fp8 then accumulated in fp32)
+             ROWS[-1][3].replace(quantization="fp8", fp8_fast_accum="none")))
 # gpu_runs.sh fp8 (2026-12-04): PARTS=throughput REPEATS=1 in three calls (the runs' names repeat by call), then
-# PARTS=fast: bf16 then fp8 weights, each a cold compile (fp8_h200.md)
+# PARTS=fast: bf16 then fp8 weights, each a cold compile (fp8_h200.md); fp8 then accumulated in fp32
+FP32_ACCUM = {"bf16": {}, "fp8": {"fp8_fast_accum": "none"}}
 for weights in ("bf16", "fp8"):
     ROWS += [(f"throughput_{weights}_cold1", "fp8.jsonl", None, bench(
                  "throughput_compiled", quantization="none" if weights == "bf16" else "fp8", experiment="dsnb_fp8",
-                 max_steps=20)),
+                 max_steps=20, **FP32_ACCUM[weights])),
              (f"fast_eos_{weights}", "fp8.jsonl", None, bench(
                  "fast_compiled", quantization="none" if weights == "bf16" else "fp8", experiment="dsnb_fp8",
-                 prompt="eos", max_steps=32))]
+                 prompt="eos", max_steps=32, **FP32_ACCUM[weights]))]
 for v in ("plain_ga2", "plain_ga2_nographs", "z2_ga2", "z2_ga2_nographs", "z2_fp16", "z2_fp16_nographs",
           "z2_ga2_flat", "z2_ga2_flat_nographs"):  # gpu_runs.sh graphscheck (the _flat pair: a later call, renamed)
     for source in ("graphscheck.jsonl", "graphscheck_2.jsonl"):  # _2: the two no-graphs runs again in one call
@@ -195,7 +197,8 @@ H100_ROWS.append(("throughput_chunk24", "h100_runs/chunkloss_call3.jsonl", None,
 H100_ROWS += [(f"t4_fast_chunk{chunk}", "h100_runs/chunkloss_call5.jsonl", None,
                T4_FAST.replace(untimed_steps=10, loss_chunk=chunk)) for chunk in (0, 1024)]
 H100_ROWS += [("throughput_now", "h100_runs/fp8head_call4.jsonl", None, THROUGHPUT_H100),
-              ("throughput_fp8", "h100_runs/fp8head_call4.jsonl", None, THROUGHPUT_H100.replace(quantization="fp8"))]
+              ("throughput_fp8", "h100_runs/fp8head_call4.jsonl", None,
+               THROUGHPUT_H100.replace(quantization="fp8", fp8_fast_accum="none"))]
 ROWS += H100_ROWS
 T4_SOURCE = "the tutorial's T4 runs"
 NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2026-11-30 (256 samples packed, SDPA), "

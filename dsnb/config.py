@@ -117,9 +117,9 @@ class RunConfig:
     dtype bf16, a GPU of compute capability 8.9 or more (L4, RTX 40xx, H100, H200) and no ZeRO-3."""
     fp8_fast_accum: str = "both"
     """With quantization fp8, which passes' fp8 matmuls take Hopper's fast accumulation (torch._scaled_mm's
-    use_fast_accum): both (dsnb's default: 1.30x bf16's throughput mode on an H200, against 1.23x with none, the loss
-    the same within 0.02%; benchmarks/results/fp8_accum_h200.md), forward (torchao's float8 choice), or none (fp32
-    accumulation, as every fp8 run before dsnb took this field)."""
+    use_fast_accum): both (dsnb's default: 1.30x bf16's throughput mode on an H200, against 1.23x with none, the mean
+    loss within 0.03%; benchmarks/results/fp8_accum_h200.md; not measured on Ada GPUs), forward (torchao's float8
+    choice), or none (fp32 accumulation, as every fp8 run before dsnb took this field)."""
     dtype: str = "fp16"
     """Compute precision: fp32 | bf16 | fp16 (fp16 needs a GPU)."""
     lora_r: int = 16
@@ -707,6 +707,15 @@ def read_variant(path: str, name: str | None) -> dict:
         raise ConfigError(f"{path} holds several variants: pick one with --variant ({', '.join(variants)})"
                           if not name else f"--variant {name} is not in {path}; use {', '.join(variants)}")
     return {**base, **variants[name]}
+
+
+def predated(values: dict) -> dict:
+    """The fields a config logged or saved by an earlier dsnb lacks whose meaning then differs from today's default,
+    with what they then were: fp8_fast_accum none for an fp8 run (fp8 accumulated in fp32 before the field). Every
+    other missing field reads as its default."""
+    if values.get("quantization") == "fp8" and "fp8_fast_accum" not in values:
+        return {"fp8_fast_accum": "none"}
+    return {}
 
 
 def field_names() -> list[str]:

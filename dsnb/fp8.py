@@ -17,10 +17,10 @@ The math, through torch._scaled_mm (fp8 operands, bf16 out), W = diag(s_w) W8:
 and no gradient for W (frozen). Accumulation: Hopper's fast accumulation (use_fast_accum) in both passes unless the
 run's fp8_fast_accum says otherwise (forward: the forward's only, as torchao's float8 training; none: fp32, as every
 fp8 run before that field). On an H200 the 3B shape's throughput mode ran 1.30x bf16's real tokens/s with it in both
-passes, 1.27x in the forward only and 1.23x with none, the mean loss within 0.02% of none's (one cold run each,
+passes, 1.27x in the forward only and 1.23x with none, the mean loss within 0.03% of none's (one cold run each,
 benchmarks/results/fp8_accum_h200.md). Its matmuls alone: 10-12% faster in each pass (two calls); their outputs'
 error against the exact product of their fp8 operands 1.05-1.6x bf16 rounding's, growing with the reduction's length
-(3,072 to 8,192), against 1.01x with fp32 accumulation, and 6.2x for a 128,256-long one (the LM head's input
+(1,024 to 8,192), against 1.01x with fp32 accumulation, and 6.2x for a 128,256-long one (the LM head's input
 gradient, which dsnb's fp8 leaves in bf16; fp8_gemms_h200.md, call 2).
 
 _scaled_mm on CUDA takes its first operand row-major and its second column-major: W8 as stored (out x in, row-major)

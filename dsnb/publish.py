@@ -16,7 +16,7 @@ import shutil
 import tempfile
 
 from .card import describe_base, portable_config, write_card
-from .config import ConfigError, RunConfig, describe
+from .config import ConfigError, RunConfig, describe, predated
 from .data import CLOSED_BOOK, prompt_parts
 from .estimate import PROCESS_BASE_MB, total_params
 from .evaluate import probe_logit_norm, stop_tokens
@@ -68,8 +68,11 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
 
 
 def run_config(run) -> RunConfig:
-    """The config an MLflow run was started with, from its params."""
-    return RunConfig.from_dict({k: v for k, v in run.data.params.items() if k in RunConfig.__dataclass_fields__})
+    """The config an MLflow run was started with, from its params (a field its dsnb predates as it then was:
+    config.predated)."""
+    params = run.data.params
+    return RunConfig.from_dict({**predated(params), **{k: v for k, v in params.items()
+                                                      if k in RunConfig.__dataclass_fields__}})
 
 
 def merged(cfg: RunConfig, adapter_dir: str, dest: str, probe: float | None) -> dict:
@@ -121,7 +124,7 @@ def load_saved(folder: str, device: str | None = None, base: str = ""):
 
 
     saved = read_saved(folder)
-    cfg = RunConfig.from_dict(saved["config"])
+    cfg = saved_config(saved)
     device = device or pick_device()
     if os.path.isfile(os.path.join(folder, "adapter_config.json")):
         if saved.get("local_base") and not base:  # never a hub model that shares its name
@@ -131,6 +134,12 @@ def load_saved(folder: str, device: str | None = None, base: str = ""):
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", device_map={"": device})
     return model, AutoTokenizer.from_pretrained(folder)
+
+
+def saved_config(saved: dict) -> RunConfig:
+    """The config of a folder save_model wrote (read_saved), a field its dsnb predates as it then was
+    (config.predated)."""
+    return RunConfig.from_dict({**predated(saved["config"]), **saved["config"]})
 
 
 def read_saved(folder: str) -> dict:
@@ -274,7 +283,7 @@ def ask(source, question: str, passage: str = "", max_new_tokens: int = 64) -> s
         base = "" if isinstance(source, str) else \
             local_base(run_config(mlflow_client(source.tracking_uri).get_run(source.run_id)))
         model, tokenizer = load_saved(folder, base=base)
-        _ASKED[folder] = (model.eval(), tokenizer, RunConfig.from_dict(read_saved(folder)["config"]))
+        _ASKED[folder] = (model.eval(), tokenizer, saved_config(read_saved(folder)))
     model, tokenizer, cfg = _ASKED[folder]
     if cfg.prompt not in CLOSED_BOOK and not passage.strip():
         raise ConfigError("this model was trained to answer from a passage (prompt passage): give the text to read as "

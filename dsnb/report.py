@@ -15,7 +15,7 @@ import io
 from .config import WORK_FIELDS, redact
 from .data import eval_task
 from .metrics import Budget, busy_host, fit, gpu_taken_mb, mfu_text
-from .tracking import RunResult, existing_store, mlflow_client, oom_guess, search, ui_command
+from .tracking import RunResult, existing_store, mlflow_client, oom_guess, params_then, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
 METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second", "train_steps_per_second",
@@ -278,8 +278,9 @@ def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
     client = mlflow_client(runs[0].tracking_uri)
     loaded = load_runs(runs)
     different = []
+    params = [params_then(run.data.params) for run in loaded]  # a field a run's dsnb predates: as it then was
     for key in (*WORK_FIELDS, *FINGERPRINTS):
-        values = {run.data.params.get(key) for run in loaded}
+        values = {p.get(key) for p in params}
         if len(values) > 1:
             different.append(f"{key} {sorted(map(str, values))}")
     lines = [f"{'config':>14}: " + ("DIFFERENT " + "; ".join(different) if different else

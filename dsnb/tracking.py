@@ -26,7 +26,7 @@ import traceback
 import zipfile
 from importlib import metadata
 
-from .config import PLACES, RENAMED, ConfigError, RunConfig, describe, redact, sqlite_path
+from .config import PLACES, RENAMED, ConfigError, RunConfig, describe, predated, redact, sqlite_path
 from .metrics import oom_counter, read_oom_count
 from .preflight import (alive, check_complete, check_output_file, check_scheme, check_sqlite_uri, staged,
                         wait_for_orphans)
@@ -236,15 +236,13 @@ def same_config(run, cfg: RunConfig) -> bool:
     kept (config.PLACES: another spelling of results_folder finds the same runs) and how many repeats a comparison
     asks for (which changes no run). A field the run has no param for (it was made by an earlier dsnb, before the
     field existed) counts as the field's default: a new runtime that installs a newer dsnb finds the finished runs
-    again, unless cfg sets the new field otherwise; an fp8 run made before fp8_fast_accum accumulated in fp32, and
-    reads as none. A run with no config logged at all (killed as it opened) is nobody's."""
+    again, unless cfg sets the new field otherwise (or the field then meant otherwise: config.predated). A run with no
+    config logged at all (killed as it opened) is nobody's."""
     params = run.data.params
     if "model" not in params:
         return False
     # a run that logged a field since renamed (config.RENAMED) predates the rule: every field must be there
-    defaults = {} if RENAMED.keys() & params.keys() else default_params()
-    if params.get("quantization") == "fp8":
-        defaults = {**defaults, "fp8_fast_accum": "none"}
+    defaults = {} if RENAMED.keys() & params.keys() else {**default_params(), **predated(params)}
     return all(params.get(k, defaults.get(k)) == v for k, v in logged_params(cfg).items()
                if k not in (*PLACES, "repeats"))
 
@@ -253,6 +251,12 @@ def same_config(run, cfg: RunConfig) -> bool:
 def default_params() -> dict[str, str]:
     """Every field's default as a logged param (same_config's reading of a field a run has no param for)."""
     return logged_params(RunConfig())
+
+
+def params_then(params: dict[str, str]) -> dict[str, str]:
+    """A run's params with each field it predates (logged by an earlier dsnb) as that field then was: its default, or
+    what config.predated says."""
+    return {**default_params(), **predated(params), **params}
 
 
 HEARTBEAT_S = 30  # a training process tags its run this often (dsnb.alive), so a run whose machine is gone shows

@@ -138,7 +138,7 @@ def test_each_pass_accumulates_as_the_runs_fp8_fast_accum_says(fast_accum, forwa
     assert scaled_mm_fast_accum_flags(layer, x, dy) == ([forward], [backward])
 
 
-def test_the_default_is_fast_accumulation_and_runs_before_the_field_read_as_exact():
+def test_the_default_is_fast_accumulation_and_other_values_are_refused_or_named():
     assert RunConfig(**FP8).fp8_fast_accum == "both"
     assert RunConfig(**FP8, fp8_fast_accum="none").derived_name().endswith("fp8_exactaccum_bf16")
     with pytest.raises(ConfigError, match="fp8_fast_accum is 'none' but applies only with quantization fp8"):

@@ -59,6 +59,44 @@ def test_same_work_compares_every_field_that_sets_the_work(workdir):
     assert "same in all" in same_work([a, b])  # DeepSpeed is how it runs, not what it trains
 
 
+def logged_by_an_earlier_dsnb(workdir, name, missing: str, **changes) -> RunResult:
+    """logged's run as a dsnb before the field `missing` existed leaves it: no param for that field."""
+    from mlflow.entities import Param
+
+    from dsnb.tracking import logged_params
+
+    cfg = RunConfig(**dict(OFFLINE, tracking_uri=f"sqlite:///{workdir}/mlflow.db", run_name=name, **changes))
+    client = mlflow_client(cfg.tracking_uri)
+    experiment = client.get_experiment_by_name(cfg.experiment) or client.get_experiment(
+        client.create_experiment(cfg.experiment))
+    run_id = client.create_run(experiment.experiment_id, run_name=name).info.run_id
+    params = {**{k: v for k, v in logged_params(cfg).items() if k != missing}, "eval_task": "reading the passage",
+              "eval_set": "abc123", "data_fingerprint": "d1", "train_math": "m1"}
+    client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+    client.log_metric(run_id, "loss", 2.0, step=1)
+    client.set_terminated(run_id)
+    return RunResult.read(cfg.tracking_uri, run_id)
+
+
+def test_a_run_of_an_earlier_dsnb_reads_each_field_it_predates_as_that_field_then_was(workdir):
+    """A comparison read again after an upgrade: the earlier run logged no param for a field added since. It does the
+    new run's work where the field then meant its default (lr_warmup_steps, fp8_fast_accum outside fp8), and not
+    where it meant otherwise: fp8 accumulated in fp32 (fp8_fast_accum none) before the field; run_config reads it so."""
+    from dsnb.publish import run_config
+
+    older = logged_by_an_earlier_dsnb(workdir / "a", "older", "lr_warmup_steps")
+    assert "same in all" in same_work([older, logged(workdir / "a", "newer", {})])
+    older = logged_by_an_earlier_dsnb(workdir / "b", "older", "fp8_fast_accum")
+    assert "same in all" in same_work([older, logged(workdir / "b", "newer", {})])
+    fp8 = dict(quantization="fp8", dtype="bf16")
+    older = logged_by_an_earlier_dsnb(workdir / "c", "older", "fp8_fast_accum", **fp8)
+    text = same_work([older, logged(workdir / "c", "newer", {}, **fp8)])
+    assert text.splitlines()[0].strip().startswith("config: DIFFERENT fp8_fast_accum ['both', 'none']"), text
+    assert "same in all" in same_work([older, logged(workdir / "c", "exact", {}, **fp8, fp8_fast_accum="none")])
+    run = mlflow_client(older.tracking_uri).get_run(older.run_id)
+    assert run_config(run).fp8_fast_accum == "none"
+
+
 def test_held_out_answers_are_judged_paired_and_all_zero_is_no_signal(workdir):
     ids = [f"q{i}" for i in range(64)]
     right = [f"gold {i}" for i in ids]
