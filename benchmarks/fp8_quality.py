@@ -50,9 +50,12 @@ def newest(client, name: str):
 def record(client, run) -> dict:
     """What the table needs of a run: its arm, repeat, scores, per-question exact match and loss curve."""
     from dsnb.report import answer_rows, loss_curve
+    from dsnb.tracking import params_then
 
     m = run.data.metrics
     return {"name": run.info.run_name, "run_id": run.info.run_id, "quantization": run.data.params.get("quantization"),
+            "fp8_fast_accum": params_then(run.data.params)["fp8_fast_accum"]  # which accumulation the fp8 arm took
+            if run.data.params.get("quantization") == "fp8" else None,
             "repeat": int(run.data.params.get("repeat", 0)), "status": run.info.status,
             "exact_match_before": m.get("eval_exact_match_before"), "f1_before": m.get("eval_f1_before"),
             "exact_match": m.get("eval_exact_match"), "f1": m.get("eval_f1"), "questions": m.get("eval_questions"),

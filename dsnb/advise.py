@@ -123,7 +123,7 @@ def variants(cfg: RunConfig, m: Machine) -> list[RunConfig]:
             for compiled in (False, True):
                 for batch in micro_batches(cfg, step, m.count):
                     fields = dict(quantization=weights, lora_r=(cfg.lora_r or 16) if training == "LoRA" else 0,
-                                  # cfg's own fp8 accumulation for fp8 rows; the others take none (the default)
+                                  # cfg's own fp8 accumulation for fp8 rows; the others the field's default
                                   fp8_fast_accum=cfg.fp8_fast_accum if weights == "fp8" else "both",
                                   dtype=half, strategy=strategy, offload_optimizer=opt, offload_param=param,
                                   torch_compile=compiled,

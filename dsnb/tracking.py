@@ -255,7 +255,9 @@ def default_params() -> dict[str, str]:
 
 def params_then(params: dict[str, str]) -> dict[str, str]:
     """A run's params with each field it predates (logged by an earlier dsnb) as that field then was: its default, or
-    what config.predated says."""
+    what config.predated says. A run with no config logged at all (killed as it opened) keeps none (same_config)."""
+    if "model" not in params:
+        return dict(params)
     return {**default_params(), **predated(params), **params}
 
 

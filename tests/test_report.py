@@ -82,7 +82,7 @@ def test_a_run_of_an_earlier_dsnb_reads_each_field_it_predates_as_that_field_the
     """A comparison read again after an upgrade: the earlier run logged no param for a field added since. It does the
     new run's work where the field then meant its default (lr_warmup_steps, fp8_fast_accum outside fp8), and not
     where it meant otherwise: fp8 accumulated in fp32 (fp8_fast_accum none) before the field; run_config reads it so."""
-    from dsnb.publish import run_config
+    from dsnb.publish import run_config, saved_config
 
     older = logged_by_an_earlier_dsnb(workdir / "a", "older", "lr_warmup_steps")
     assert "same in all" in same_work([older, logged(workdir / "a", "newer", {})])
@@ -95,6 +95,22 @@ def test_a_run_of_an_earlier_dsnb_reads_each_field_it_predates_as_that_field_the
     assert "same in all" in same_work([older, logged(workdir / "c", "exact", {}, **fp8, fp8_fast_accum="none")])
     run = mlflow_client(older.tracking_uri).get_run(older.run_id)
     assert run_config(run).fp8_fast_accum == "none"
+    saved = {k: v for k, v in RunConfig(**dict(OFFLINE, **fp8)).to_dict().items() if k != "fp8_fast_accum"}
+    assert saved_config({"config": saved}).fp8_fast_accum == "none"  # a folder an earlier dsnb saved
+    assert saved_config({"config": {**saved, "fp8_fast_accum": "both"}}).fp8_fast_accum == "both"
+    # a run killed as it opened logged no config: nobody's work, not the defaults' (beside a run of the defaults that
+    # failed before its data was made, so no fingerprint tells them apart either)
+    from mlflow.entities import Param
+
+    from dsnb.tracking import logged_params
+
+    client = mlflow_client(older.tracking_uri)
+    bare, default = (client.create_run(run.info.experiment_id, run_name=name).info.run_id for name in ("bare", "dflt"))
+    client.log_batch(default, params=[Param(k, v) for k, v in logged_params(RunConfig()).items()])
+    for run_id in (bare, default):
+        client.set_terminated(run_id, "FAILED")
+    text = same_work([RunResult.read(older.tracking_uri, bare), RunResult.read(older.tracking_uri, default)])
+    assert text.splitlines()[0].strip().startswith("config: DIFFERENT"), text
 
 
 def test_held_out_answers_are_judged_paired_and_all_zero_is_no_signal(workdir):
