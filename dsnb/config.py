@@ -119,7 +119,7 @@ class RunConfig:
     """With quantization fp8, which passes' fp8 matmuls take Hopper's fast accumulation (torch._scaled_mm's
     use_fast_accum): both (dsnb's default: 1.30x bf16's throughput mode on an H200, against 1.23x with none, the mean
     loss within 0.03%; benchmarks/results/fp8_accum_h200.md; not measured on Ada GPUs), forward (torchao's float8
-    choice), or none (fp32 accumulation, as dsnb's fp8 runs before this field; config.predated reads them so)."""
+    choice), or none (fp32 accumulation, as every fp8 run before dsnb took this field)."""
     dtype: str = "fp16"
     """Compute precision: fp32 | bf16 | fp16 (fp16 needs a GPU)."""
     lora_r: int = 16
