@@ -242,9 +242,8 @@ def same_config(run, cfg: RunConfig) -> bool:
     if "model" not in params:
         return False
     # a run that logged a field since renamed (config.RENAMED) predates the rule: every field must be there
-    defaults = {} if RENAMED.keys() & params.keys() else {**default_params(), **predated(params)}
-    return all(params.get(k, defaults.get(k)) == v for k, v in logged_params(cfg).items()
-               if k not in (*PLACES, "repeats"))
+    read = params if RENAMED.keys() & params.keys() else params_then(params)
+    return all(read.get(k) == v for k, v in logged_params(cfg).items() if k not in (*PLACES, "repeats"))
 
 
 @functools.cache
