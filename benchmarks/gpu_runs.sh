@@ -133,7 +133,8 @@ throughput)  # the throughput mode alone, each repeat a fresh process with a col
 fp8)  # FP8 frozen base weights (dsnb/fp8.py) against bf16 weights, side by side, one run at a time: the throughput mode,
   # each repeat a fresh process with a cold compile cache, bf16 and fp8 alternating; then the fast recipe on the
   # closed-book prompt (fast_compiled, --prompt eos) in each. Every run logs its loss at every step: the listing's loss
-  # curves compare the two over the same steps and batches
+  # curves compare the two over the same steps and batches. A cold pair took 366 s on a new H100 (fp8_fast_h100.md):
+  # REPEATS=2 does not fit a call's 10 minutes there
   prebuild synthetic:llama-3.2-3b
   fp8_run() { local name=$1 weights=$2 limit=$3; shift 3
     TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_$name timeout "$limit" python3 -m dsnb run "$@" --quantization "$weights" \
