@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = negative_values(sys.argv[1:] if argv is None else argv)
     try:
         args = parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        with tracking.interrupts_after_writes():  # Ctrl-C or SIGTERM mid-write would leave the store locked
+            return COMMANDS[args.command](args)
     except ConfigError as e:
         print(f"dsnb: error: {e}", file=sys.stderr)
         return 2
@@ -230,7 +231,8 @@ def cmd_run(args) -> int:
     from .train import train  # deferred: transformers and torch load only for a run (not for --help, ui, export)
 
     try:
-        metrics = train(cfg, run_id, checkpoint)
+        with tracking.interrupts_after_writes():  # a rank's SIGINT handler is set above, after main's
+            metrics = train(cfg, run_id, checkpoint)
     except (ConfigError, KeyboardInterrupt):
         raise
     except Exception:

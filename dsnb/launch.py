@@ -41,6 +41,12 @@ def run_variant(cfg: RunConfig, progress: bool = True, tags: dict | None = None,
     env adds variables to the child's environment (CUDA_VISIBLE_DEVICES, say); beside: how many variants share the
     host at once (their cores are shared out: child_env); resume: (run id, checkpoint) to continue that run from.
     """
+    with tracking.interrupts_after_writes():  # a kernel's interrupt mid-write would leave the store locked
+        return _run_variant(cfg, progress, tags, env, beside, resume)
+
+
+def _run_variant(cfg: RunConfig, progress: bool, tags: dict | None, env: dict | None, beside: int,
+                 resume: tuple[str, str] | None) -> RunResult:
     from tqdm.auto import tqdm
 
     preflight.check(cfg)
@@ -348,25 +354,27 @@ def child_main(path: str) -> int:
             with open(child["progress"], "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    status = None  # what the parent would end the run as, where it could not
-    try:
-        metrics = train(cfg, child["run_id"], child.get("checkpoint"), reporter=ToParent())
-    except KeyboardInterrupt:
-        print("dsnb: interrupted; the run is recorded KILLED with what it measured so far", file=sys.stderr)
-        status = "KILLED"
-        return 130
-    except ConfigError as e:
-        print(f"dsnb: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        if os.environ.get("RANK", "0") == "0" and not preflight.alive(child["parent_pid"]):
-            # Orphaned however the run ended: the parent that attaches the log, ends an interrupted run and removes
-            # the folder is gone, so do its part here.
-            folder = os.path.dirname(os.path.abspath(path))
-            _close(child["run_id"], cfg, os.path.join(folder, "train.log"), status)
-            shutil.rmtree(folder, ignore_errors=True)
-    print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
-    return 0
+    # an interrupt (the parent gone, Ctrl-C, SIGTERM) waits for a store write under way: none wedges the store
+    with tracking.interrupts_after_writes():
+        status = None  # what the parent would end the run as, where it could not
+        try:
+            metrics = train(cfg, child["run_id"], child.get("checkpoint"), reporter=ToParent())
+        except KeyboardInterrupt:
+            print("dsnb: interrupted; the run is recorded KILLED with what it measured so far", file=sys.stderr)
+            status = "KILLED"
+            return 130
+        except ConfigError as e:
+            print(f"dsnb: error: {e}", file=sys.stderr)
+            return 2
+        finally:
+            if os.environ.get("RANK", "0") == "0" and not preflight.alive(child["parent_pid"]):
+                # Orphaned however the run ended: the parent that attaches the log, ends an interrupted run and removes
+                # the folder is gone, so do its part here.
+                folder = os.path.dirname(os.path.abspath(path))
+                _close(child["run_id"], cfg, os.path.join(folder, "train.log"), status)
+                shutil.rmtree(folder, ignore_errors=True)
+        print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
+        return 0
 
 
 def _terminated(signum, frame):

@@ -189,7 +189,8 @@ def _stops_kernels(stopped: list, run_id: str):
 
     saved = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        with tracking.interrupts_after_writes():  # raised mid-write, it would leave the store locked
+            yield
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

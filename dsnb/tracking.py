@@ -194,11 +194,13 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
     params = logged_params(cfg)
     if run_id is None:
         mark_stale_runs(client)
-        run_id = client.create_run(experiment, run_name=cfg.name, tags=owner()).info.run_id
-    else:
-        params = {k: v for k, v in params.items() if k not in client.get_run(run_id).data.params}
-    client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
-                     tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+    with uninterrupted():  # a run opened is given its config before an interrupt: never a run without it
+        if run_id is None:
+            run_id = client.create_run(experiment, run_name=cfg.name, tags=owner()).info.run_id
+        else:
+            params = {k: v for k, v in params.items() if k not in client.get_run(run_id).data.params}
+        client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
+                         tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
     return run_id
 
 
@@ -313,6 +315,124 @@ def _lost_to_oom(tags: dict, claimed: dict) -> str:
     claimed[counter] = claimed.get(counter, 0) + 1
     return (f"; meanwhile the kernel's out-of-memory killer took {now - int(count)} process(es) of its memory cgroup, "
             f"likely this one: {HOST_OOM}")
+
+
+_OPEN: dict = {}  # the main thread's store transactions open now, begun inside a block: id -> weak reference
+_PENDING: list = []  # the interrupt held back: (signum, the handler it goes to, when it came)
+_DEPTH = [0, 0]  # interrupts_after_writes blocks active; uninterrupted sections active
+HOLD_MAX_S = 45  # an interrupt held this long goes through (more than two of MLflow's 20 s busy waits)
+
+
+@contextlib.contextmanager
+def interrupts_after_writes():
+    """While the block runs, an interrupt (SIGINT, and SIGTERM where this process handles it in Python) that comes
+    while the main thread is inside a store transaction (or an `uninterrupted` section) is delivered when it ends.
+    Raised mid-write, an interrupt left the interrupted connection holding SQLite's lock for as long as its traceback
+    lived: the failure's own record, written while handling it, then failed "database is locked" (the run stayed
+    RUNNING, its reason and what it measured lost). An interrupt is held HOLD_MAX_S at most (a write waiting on
+    another process's lock, a transaction left open), then goes through. Off the main thread (no signal arrives
+    there) it does nothing."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _watch_sessions()
+    saved = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+        if callable(previous):  # the default action (SIGTERM's: the process ends, its locks with it) is left alone
+            saved[signum] = signal.signal(signum, functools.partial(_after_writes, previous))
+    _DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        _DEPTH[0] -= 1
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        if not _DEPTH[0]:
+            _OPEN.clear()
+            held, _PENDING[:] = list(_PENDING), []
+            for signum, previous, _ in held[:1]:  # held to the block's end (by a section): delivered now
+                previous(signum, None)
+
+
+@contextlib.contextmanager
+def uninterrupted():
+    """Inside interrupts_after_writes, hold an interrupt until the block ends: several writes that must land together
+    (a run opened and given its config), not one without the other."""
+    _DEPTH[1] += 1
+    try:
+        yield
+    finally:
+        _DEPTH[1] -= 1
+        _deliver()
+
+
+def _busy() -> bool:
+    for key, ref in list(_OPEN.items()):
+        transaction = ref()
+        if transaction is None or transaction._transaction_is_closed():
+            _OPEN.pop(key, None)
+    return bool(_OPEN) or _DEPTH[1] > 0
+
+
+def _after_writes(previous, signum, frame) -> None:
+    if _busy() and (not _PENDING or time.monotonic() - _PENDING[0][2] < HOLD_MAX_S):
+        if not _PENDING:
+            _PENDING.append((signum, previous, time.monotonic()))
+            _resend_after(signum, HOLD_MAX_S)
+        return
+    _PENDING.clear()
+    previous(signum, frame)
+
+
+def _resend_after(signum: int, seconds: float) -> None:
+    """The held interrupt again after seconds, so one held too long goes through without a second Ctrl-C (a parent
+    gone sends one)."""
+    import threading
+
+    def resend():
+        if _PENDING and _PENDING[0][0] == signum:
+            os.kill(os.getpid(), signum)
+
+    timer = threading.Timer(seconds + 0.5, resend)
+    timer.daemon = True
+    timer.start()
+
+
+def _deliver() -> None:
+    """The held interrupt, if any, once nothing holds it: to the handler it came to, in this thread (the main)."""
+    if _PENDING and not _busy():
+        signum, previous, _ = _PENDING[0]
+        _PENDING.clear()
+        previous(signum, None)
+
+
+@functools.cache
+def _watch_sessions() -> None:
+    """Track the main thread's store transactions (every MLflow store call but its schema checks runs in a SQLAlchemy
+    session) begun inside a block; when one ends (after its commit or rollback, its connection back in the pool),
+    deliver the interrupt that waited for it."""
+    import threading
+    import weakref
+
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    def begun(session, transaction, connection):
+        if _DEPTH[0] and threading.current_thread() is threading.main_thread():
+            while transaction.parent is not None:
+                transaction = transaction.parent
+            _OPEN[id(transaction)] = weakref.ref(transaction)
+
+    def ended(session, transaction):
+        if transaction.parent is None and threading.current_thread() is threading.main_thread():
+            _OPEN.pop(id(transaction), None)
+            _deliver()
+
+    event.listen(Session, "after_begin", begun)
+    event.listen(Session, "after_transaction_end", ended)
 
 
 @contextlib.contextmanager
