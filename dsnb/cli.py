@@ -224,23 +224,24 @@ def cmd_run(args) -> int:
 
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a launcher may start its ranks with SIGINT ignored
         watch_parent(os.getppid())
-    if args.resume:
-        run_id, checkpoint = tracking.resumable_run(cfg)
-    else:  # opened here, so a failure can be told as the store holds it
-        run_id, checkpoint = (tracking.create_run(cfg) if preflight.is_rank0() else None), None
-    from .train import train  # deferred: transformers and torch load only for a run (not for --help, ui, export)
+    with tracking.interrupts_after_writes():  # a rank's SIGINT handler is set above, after main's
+        if args.resume:
+            run_id, checkpoint = tracking.resumable_run(cfg)
+        else:  # opened here, so a failure can be told as the store holds it
+            run_id, checkpoint = (tracking.create_run(cfg) if preflight.is_rank0() else None), None
+        from .train import train  # deferred: transformers and torch load only for a run (not for --help, ui, export)
 
-    try:
-        with tracking.interrupts_after_writes():  # a rank's SIGINT handler is set above, after main's
+        try:
             metrics = train(cfg, run_id, checkpoint)
-    except (ConfigError, KeyboardInterrupt):
-        raise
-    except Exception:
-        import traceback
+        except (ConfigError, KeyboardInterrupt):
+            raise
+        except Exception:
+            import traceback
 
-        print(redact(traceback.format_exc()), end="", file=sys.stderr)  # a library's error may quote the URI
-        print(redact(f"dsnb: the run failed; {tracking.what_was_recorded(cfg.tracking_uri, run_id)}"), file=sys.stderr)
-        return 1
+            print(redact(traceback.format_exc()), end="", file=sys.stderr)  # a library's error may quote the URI
+            print(redact(f"dsnb: the run failed; {tracking.what_was_recorded(cfg.tracking_uri, run_id)}"),
+                  file=sys.stderr)
+            return 1
     if preflight.is_rank0():
 
         print(run_summary(metrics, cfg, run_id))

@@ -192,15 +192,26 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
     experiment = experiment_id(cfg)
     client = mlflow_client(cfg.tracking_uri)
     params = logged_params(cfg)
-    if run_id is None:
+    opened = run_id is None
+    if opened:
         mark_stale_runs(client)
-    with uninterrupted():  # a run opened is given its config before an interrupt: never a run without it
-        if run_id is None:
-            run_id = client.create_run(experiment, run_name=cfg.name, tags=owner()).info.run_id
-        else:
-            params = {k: v for k, v in params.items() if k not in client.get_run(run_id).data.params}
-        client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
-                         tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+    try:
+        with uninterrupted():  # in interrupts_after_writes: a run opened gets its config before an interrupt
+            if opened:
+                run_id = client.create_run(experiment, run_name=cfg.name, tags=owner()).info.run_id
+            else:
+                params = {k: v for k, v in params.items() if k not in client.get_run(run_id).data.params}
+            client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
+                             tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+    except BaseException as e:  # the caller never gets the run: end it here, as what stopped it
+        if opened and run_id is not None:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            with contextlib.suppress(Exception):
+                client.set_tag(run_id, "failure", "interrupted" if interrupted else type(e).__name__)
+                client.set_terminated(run_id, "KILLED" if interrupted else "FAILED")
+                if interrupted:
+                    STOPPED.append(run_id)
+        raise
     return run_id
 
 
@@ -326,7 +337,8 @@ HOLD_MAX_S = 45  # an interrupt held this long goes through (more than two of ML
 @contextlib.contextmanager
 def interrupts_after_writes():
     """While the block runs, an interrupt (SIGINT, and SIGTERM where this process handles it in Python) that comes
-    while the main thread is inside a store transaction (or an `uninterrupted` section) is delivered when it ends.
+    while the main thread is inside a database transaction begun in the block (SQLAlchemy's: every MLflow store call
+    but its schema checks) or an `uninterrupted` section is delivered when that ends.
     Raised mid-write, an interrupt left the interrupted connection holding SQLite's lock for as long as its traceback
     lived: the failure's own record, written while handling it, then failed "database is locked" (the run stayed
     RUNNING, its reason and what it measured lost). An interrupt is held HOLD_MAX_S at most (a write waiting on
@@ -341,7 +353,9 @@ def interrupts_after_writes():
     saved = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
         previous = signal.getsignal(signum)
-        if callable(previous):  # the default action (SIGTERM's: the process ends, its locks with it) is left alone
+        # the default action (SIGTERM's: the process ends, its locks with it) is left alone, and so is an enclosing
+        # block's handler (wrapped twice, the outer would hold again what the inner let go after HOLD_MAX_S)
+        if callable(previous) and getattr(previous, "func", None) is not _after_writes:
             saved[signum] = signal.signal(signum, functools.partial(_after_writes, previous))
     _DEPTH[0] += 1
     try:
@@ -360,7 +374,12 @@ def interrupts_after_writes():
 @contextlib.contextmanager
 def uninterrupted():
     """Inside interrupts_after_writes, hold an interrupt until the block ends: several writes that must land together
-    (a run opened and given its config), not one without the other."""
+    (a run opened and given its config), not one without the other. Off the main thread it does nothing."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _DEPTH[1] += 1
     try:
         yield
