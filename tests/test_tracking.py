@@ -492,3 +492,41 @@ def test_an_interrupt_held_by_a_transaction_left_open_goes_through_in_time(tmp_p
     out, err = child.communicate(timeout=120)
     word, seconds = out.split()
     assert word == "interrupted" and 2 <= float(seconds) < 30, (out, err[-3000:])
+
+
+OPENING = """
+import os, signal, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from dsnb import tracking
+from dsnb.config import OFFLINE, RunConfig
+
+@event.listens_for(Engine, "before_cursor_execute")
+def interrupt(conn, cursor, statement, *_):  # Ctrl-C as MLflow writes the new run's row
+    if statement.lstrip().startswith("INSERT INTO runs"):
+        os.kill(os.getpid(), signal.SIGINT)
+
+with tracking.interrupts_after_writes():
+    try:
+        tracking.create_run(RunConfig(**OFFLINE, tracking_uri=sys.argv[1], run_name="opening"))
+        print("not interrupted")
+    except KeyboardInterrupt:
+        print("interrupted", *tracking.STOPPED)
+"""
+
+
+@pytest.mark.integration
+def test_a_run_being_opened_as_an_interrupt_comes_is_recorded_killed_with_its_config(workdir):
+    """An interrupt while create_run writes the new run's row: the run is not left RUNNING without its config (the
+    caller never got its id, so nothing else would end it, and a rerun saw it 'still running' for minutes); it gets
+    its config, then is ended KILLED as interrupted, and the message after names it."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    done = subprocess.run([sys.executable, "-c", OPENING, uri], capture_output=True, text=True, timeout=120,
+                          cwd=workdir)
+    word, *stopped = done.stdout.split()
+    assert word == "interrupted", (done.stdout, done.stderr[-3000:])
+    [run] = mlflow.MlflowClient(uri).search_runs([mlflow.MlflowClient(uri).get_experiment_by_name(
+        RunConfig(**OFFLINE).experiment).experiment_id])
+    assert stopped == [run.info.run_id]
+    assert run.info.status == "KILLED" and run.data.tags["failure"] == "interrupted"
+    assert run.data.params["model"] == OFFLINE["model"] and run.data.params["run_name"] == "opening"
