@@ -208,9 +208,7 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
             interrupted = isinstance(e, KeyboardInterrupt)
             with contextlib.suppress(Exception):
                 client.set_tag(run_id, "failure", "interrupted" if interrupted else type(e).__name__)
-                client.set_terminated(run_id, "KILLED" if interrupted else "FAILED")
-                if interrupted:
-                    STOPPED.append(run_id)
+                finish(run_id, cfg.tracking_uri, "KILLED" if interrupted else "FAILED")
         raise
     return run_id
 
