@@ -176,6 +176,29 @@ def runs_child(process) -> bool:
         return False
 
 
+def freeze_holding_no_store_lock(proc, db) -> None:
+    """SIGSTOP proc (a psutil.Process) at a moment it holds no lock on the SQLite store db. Frozen inside a write it
+    would keep the lock, and every reader and writer would wait for it and fail after MLflow's 20 s busy wait: the
+    test's own reads (CI saw that), the rerun's, the orphan's stop record. Probed by taking the store's exclusive lock
+    without waiting; held by anyone, the process runs on a moment and is frozen again."""
+    import sqlite3
+    import time
+
+    for _ in range(500):
+        proc.suspend()
+        probe = sqlite3.connect(db, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN EXCLUSIVE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            proc.resume()
+        finally:
+            probe.close()
+        time.sleep(0.02)
+    raise AssertionError(f"the store {db} stayed locked: no moment to freeze {proc.pid} outside a write")
+
+
 def kill_compare(workdir, freeze: bool = False, env: dict | None = None):
     """Start COMPARE and SIGKILL its process group once With_DeepSpeed has logged step 3; returns that run and its
     training process (a psutil.Process), which lives on in a session of its own (an orphan, stopping itself). freeze:
@@ -199,7 +222,7 @@ def kill_compare(workdir, freeze: bool = False, env: dict | None = None):
             if target and any(m.step >= 3 for m in client.get_metric_history(target.info.run_id, "loss")):
                 trainer = next(p for p in psutil.Process(child.pid).children(recursive=True) if runs_child(p))
                 if freeze:
-                    trainer.suspend()
+                    freeze_holding_no_store_lock(trainer, workdir / "mlflow.db")
                 os.killpg(child.pid, signal.SIGKILL)
                 break
         time.sleep(0.2)
@@ -295,7 +318,7 @@ def test_a_finished_run_keeps_its_log_when_its_dsnb_is_killed_as_the_run_ends(wo
         trainer = next((p for p in psutil.Process(parent.pid).children() if runs_child(p)), None)
         time.sleep(0.1)
     assert trainer is not None, (workdir / "out.txt").read_text()[-3000:]
-    os.kill(parent.pid, signal.SIGSTOP)
+    freeze_holding_no_store_lock(psutil.Process(parent.pid), workdir / "mlflow.db")
     while alive(trainer.pid) and time.time() < deadline:  # ended: a zombie its frozen parent does not reap
         time.sleep(0.2)
     os.killpg(parent.pid, signal.SIGKILL)
