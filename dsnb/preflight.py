@@ -86,7 +86,8 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
                      [os.environ.get(name) for name in ("TORCH_CUDA_ARCH_LIST", "DSNB_CACHE")], sort_keys=True)
     if key in _CHECKED:
         return
-    wait_for_orphans()  # before the GPU's free memory is read and the store opened: an orphan holds both
+    # before the GPU's free memory is read and the store opened: an orphan holds both (on the CPU, only its store)
+    wait_for_orphans(None if device.startswith("cuda") else cfg.tracking_uri)
     check_device(cfg, device)
     check_store(cfg.tracking_uri)
     world = world_size() if "WORLD_SIZE" in os.environ else cfg.num_gpus
@@ -175,11 +176,12 @@ def alive(process) -> bool:
         return False
 
 
-def orphans() -> list:
+def orphans(tracking_uri: str | None = None) -> list:
     """This user's dsnb training processes on this host (python -m dsnb.child, torchrun's over them) whose dsnb is gone
     (killed with its kernel or terminal): each is stopping itself (launch.watch_parent), recording its run KILLED and
     freeing its GPU memory. Until it has, a run started here would share the GPU with it, and a run resumed from its
-    record would race it for the record and the checkpoints. Another user's processes are theirs to judge."""
+    record would race it for the record and the checkpoints. Another user's processes are theirs to judge.
+    tracking_uri: only those logging into that store (writes_to), where the GPU is not what they share."""
     import psutil
 
     found = []
@@ -192,16 +194,37 @@ def orphans() -> list:
             parent = int(process.environ().get(PARENT_ENV, "0"))
         except (psutil.Error, ValueError):
             continue
-        if parent and not alive(parent):
+        if parent and not alive(parent) and (tracking_uri is None or writes_to(process, command, tracking_uri)):
             found.append(process)
     return found
 
 
-def wait_for_orphans(timeout: float = ORPHAN_WAIT_S) -> list[int]:
-    """Wait for this host's orphans (see orphans) to end, killing any still there after timeout; their pids."""
+def writes_to(process, command: list[str], tracking_uri: str) -> bool:
+    """Whether a training process logs into the store tracking_uri, as its child file's config says (a relative
+    SQLite path read from the process's own folder). One whose file cannot be read is taken to."""
     import psutil
 
-    waiting = orphans()
+    try:
+        cwd = process.cwd()
+        with open(os.path.join(cwd, command[command.index("dsnb.child") + 1])) as f:
+            theirs = json.load(f)["config"]["tracking_uri"]
+        return store_key(theirs, cwd) == store_key(tracking_uri, os.getcwd())
+    except (psutil.Error, OSError, ValueError, LookupError, TypeError, AttributeError):
+        return True
+
+
+def store_key(tracking_uri: str, cwd: str) -> str:
+    """A store's identity: an SQLite file's real path (relative to cwd), any other URI without its user and password."""
+    path = sqlite_path(tracking_uri)
+    return re.sub(r"//[^/@]*@", "//", tracking_uri) if path is None else os.path.realpath(os.path.join(cwd, path))
+
+
+def wait_for_orphans(tracking_uri: str | None = None, timeout: float = ORPHAN_WAIT_S) -> list[int]:
+    """Wait for this host's orphans (see orphans; tracking_uri: those of that store) to end, killing any still there
+    after timeout; their pids."""
+    import psutil
+
+    waiting = orphans(tracking_uri)
     if waiting:
         print(f"dsnb: waiting for {len(waiting)} training process(es) of a dsnb that was stopped (pid "
               f"{', '.join(str(p.pid) for p in waiting)}) to record their run and end", file=sys.stderr, flush=True)

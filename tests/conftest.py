@@ -87,14 +87,31 @@ def assert_killed_with_what_it_measured(uri: str, run_id: str):
 
     client = mlflow.MlflowClient(uri)
     deadline = time.time() + 120
-    while client.get_run(run_id).info.status == "RUNNING" and time.time() < deadline:
+    logged = lambda: "train.log" in {a.path for a in client.list_artifacts(run_id)}  # noqa: E731
+    # an orphan's own process ends its run, then attaches its log as it exits: both, or the deadline
+    while (client.get_run(run_id).info.status == "RUNNING" or not logged()) and time.time() < deadline:
         time.sleep(0.5)
     run = client.get_run(run_id)
     assert run.info.status == "KILLED" and run.data.tags.get("failure") == "interrupted", run.info
     assert run.data.metrics["peak_cpu_rss_mb"] > 100 and run.data.metrics["samples_per_second"] > 0
-    assert "train.log" in {a.path for a in client.list_artifacts(run_id)}
+    assert logged()
     log = open(client.download_artifacts(run_id, "train.log")).read()
     assert "dsnb: interrupted" in log  # the child's own record of being stopped
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything it started (each perhaps in a session of its own), as a machine that dies
+    would: all frozen first, so none sees another go and records it (a training process notices its dsnb gone within
+    a second; a dsnb, its child's exit)."""
+    import psutil
+
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for action in ("suspend", "kill"):
+        for process in tree:
+            try:
+                getattr(process, action)()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def no_child_left(marker: str, grace: float = 30):

@@ -149,7 +149,7 @@ def test_a_bench_killed_part_way_keeps_what_it_finished_when_run_again(tmp_path)
     import time
 
     import mlflow
-    import psutil
+    from conftest import kill_tree
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = [sys.executable, "-m", "dsnb", "bench", "--offline", "--repeats", "2", "--untimed", "1", "--steps", "1",
@@ -162,8 +162,7 @@ def test_a_bench_killed_part_way_keeps_what_it_finished_when_run_again(tmp_path)
             runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
             first = next((r for r in runs if r.info.run_name == "tutorial" and r.info.status == "FINISHED"), None)
             if first:
-                for process in [psutil.Process(bench.pid), *psutil.Process(bench.pid).children(recursive=True)]:
-                    process.kill()
+                kill_tree(bench.pid)
                 break
         time.sleep(0.2)
     bench.wait()

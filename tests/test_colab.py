@@ -118,14 +118,12 @@ def cell_running(notebook: pathlib.Path, text: str) -> bool:
 def kill_when(child, moment, timeout: float = 1800) -> bool:
     """Kill the kernel and everything it started (each in a session of its own) once moment() holds; False where the
     notebook ended first."""
-    import psutil
+    from conftest import kill_tree
 
     deadline = time.time() + timeout
     while child.poll() is None and time.time() < deadline:
         if moment():
-            for process in [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
+            kill_tree(child.pid)
             child.wait()
             return True
         time.sleep(0.05)  # the save cell of a tiny adapter lasts about a second

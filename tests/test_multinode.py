@@ -4,7 +4,6 @@ The job is one MLflow run written by global rank 0, trains the curve one process
 (tests/test_curves.py's pinned one), counts every rank's samples and records each rank's and each node's peaks; a
 node that dies ends the run FAILED with what it measured, and nothing is left running."""
 import os
-import random
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import time
 import mlflow
 import psutil
 import pytest
+from conftest import free_port
 from test_curves import PINNED, TOLERANCE
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,9 @@ def curve(client, run):
 
 
 def port() -> int:
-    return random.Random(os.getpid() + time.time_ns()).randrange(20000, 40000)
+    """A free port below the kernel's ephemeral range (one there can be taken by any connection before torchrun's
+    store listens)."""
+    return free_port()
 
 
 def test_two_nodes_through_torchrun_train_the_one_process_curve_as_one_run(workdir):

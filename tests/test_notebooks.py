@@ -1,6 +1,5 @@
 """The notebooks as users and CI run them: nbval against the committed outputs, papermill with parameters."""
 import ast
-import contextlib
 import json
 import os
 import pathlib
@@ -308,8 +307,7 @@ def test_a_sweep_killed_mid_variant_resumes_it_from_its_checkpoint_when_started_
     import signal
     import time
 
-    import psutil
-
+    from conftest import kill_tree
     from dsnb.report import loss_curve
     from dsnb.tracking import mlflow_client
 
@@ -327,10 +325,7 @@ variants:
             runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
             run = next((r for r in runs if r.info.run_name == "long"), None)
             if run and any(m.step >= 3 for m in client.get_metric_history(run.info.run_id, "loss")):
-                tree = [psutil.Process(sweep.pid), *psutil.Process(sweep.pid).children(recursive=True)]
-                for process in tree:  # papermill's kernel and the training process run in sessions of their own
-                    with contextlib.suppress(psutil.Error):
-                        process.kill()
+                kill_tree(sweep.pid)  # papermill's kernel and the training process run in sessions of their own
                 break
         time.sleep(0.2)
     sweep.wait()

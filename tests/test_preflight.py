@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import time
@@ -200,13 +201,44 @@ def test_staged_copies_left_by_a_killed_save_are_cleared_and_live_ones_kept(tmp_
 
 
 
-def fake_trainer(parent_pid: int, seconds: float = 60, arg: str = "-m") -> subprocess.Popen:
+def fake_trainer(parent_pid: int, seconds: float = 60, arg: str = "-m", cwd=None) -> subprocess.Popen:
     """A process that looks as a dsnb training process does to orphans() (python ... -m dsnb.child FILE, the pid of
-    the dsnb that started it in its environment), sleeping; arg "" leaves out the -m (a grep for the word)."""
+    the dsnb that started it in its environment), sleeping; arg "" leaves out the -m (a grep for the word). Its
+    child.json is read from cwd (none there: it cannot be read)."""
     import sys
 
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", *[a for a in [arg] if a],
-                             "dsnb.child", "child.json"], env={**os.environ, "DSNB_PARENT_PID": str(parent_pid)})
+                             "dsnb.child", "child.json"], env={**os.environ, "DSNB_PARENT_PID": str(parent_pid)},
+                            cwd=cwd)
+
+
+def test_on_the_cpu_a_run_waits_only_for_the_orphans_of_its_own_store(tmp_path, monkeypatch):
+    """Without a GPU to share, an orphan matters to a run only if it logs into the run's store: another store's orphan
+    (another comparison's) is neither waited for nor killed at the limit. A store is one file however it is
+    named (relative to each process's folder); an orphan whose child file cannot be read is waited for."""
+    from dsnb.preflight import orphans
+
+    for name, store in (("mine", "sqlite:///../mine/mlflow.db"), ("other", "sqlite:///mlflow.db"),
+                        ("server", "http://user:secret@host:5000")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "child.json").write_text(json.dumps({"config": {"tracking_uri": store}}))
+    (tmp_path / "unreadable").mkdir()
+    (tmp_path / "unreadable" / "child.json").write_text("{")
+    started = {name: fake_trainer(a_pid_that_is_gone(), cwd=tmp_path / name)
+               for name in ("mine", "other", "server", "unreadable")}
+    monkeypatch.chdir(tmp_path)
+    try:
+        time.sleep(0.5)
+        ours = {p.pid: name for name, p in started.items()}
+        found = lambda uri: sorted(ours[p.pid] for p in orphans(uri) if p.pid in ours)  # noqa: E731
+        assert found("sqlite:///mine/mlflow.db") == ["mine", "unreadable"]
+        assert found(f"sqlite:///{tmp_path}/other/mlflow.db") == ["other", "unreadable"]
+        assert found("http://host:5000") == ["server", "unreadable"]  # its user and password are not the store's
+        assert found(None) == ["mine", "other", "server", "unreadable"]  # on a GPU: every orphan shares it
+    finally:
+        for process in started.values():
+            process.kill()
+            process.wait()
 
 
 def a_pid_that_is_gone() -> int:
@@ -234,27 +266,32 @@ def test_only_this_users_training_processes_whose_dsnb_is_gone_are_waited_for():
             process.wait()
 
 
-def test_an_orphan_that_ended_as_a_zombie_is_gone():
+def test_an_orphan_that_ended_as_a_zombie_is_gone(tmp_path):
     """The wait for an orphan ends once it has ended, even where its own parent never reaps it: a zombie that is not
     this process's child, which psutil.wait_procs would wait out. (wait_for_orphans itself is not called here: it
-    would wait for, and at its limit kill, other tests' orphans too.)"""
+    would wait for, and at its limit kill, other tests' orphans too.) The orphan ends once it has been found."""
     import sys
 
     import psutil
 
     from dsnb.preflight import gone, orphans
 
+    found = tmp_path / "found"
     keeper = subprocess.Popen([sys.executable, "-c", f"""
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)", "-m", "dsnb.child", "child.json"],
+wait = "import os, time\\nwhile not os.path.exists({str(found)!r}): time.sleep(0.05)"
+child = subprocess.Popen([sys.executable, "-c", wait, "-m", "dsnb.child", "child.json"],
                          env={{**os.environ, "DSNB_PARENT_PID": "{a_pid_that_is_gone()}"}})
 print(child.pid, flush=True)
-time.sleep(60)
+time.sleep(120)
 """], stdout=subprocess.PIPE, text=True)
     try:
         ending = int(keeper.stdout.readline())
-        time.sleep(0.5)
-        orphan = next(p for p in orphans() if p.pid == ending)
+        deadline, orphan = time.time() + 60, None
+        while orphan is None and time.time() < deadline:
+            orphan = next((p for p in orphans() if p.pid == ending), None)
+        assert orphan is not None
+        found.touch()
         started = time.time()
         assert gone([orphan], 30) and time.time() - started < 10
         assert psutil.Process(ending).status() == psutil.STATUS_ZOMBIE

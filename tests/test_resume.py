@@ -199,16 +199,39 @@ def freeze_holding_no_store_lock(proc, db) -> None:
     raise AssertionError(f"the store {db} stayed locked: no moment to freeze {proc.pid} outside a write")
 
 
+# sitecustomize for the training processes (python -m dsnb.child) of the pass kill_compare kills: each step 0.25 s
+# longer, so the kill lands between step 3 and the end however late a loaded machine lets the test see step 3 (24
+# steps took 1.8 s in all)
+SLOW_STEPS = r"""
+import sys, threading, time
+if b"dsnb.child" in open("/proc/self/cmdline", "rb").read():
+    def plant():
+        while not hasattr(sys.modules.get("dsnb.train"), "StepCallback"):
+            time.sleep(0.01)
+        callback = sys.modules["dsnb.train"].StepCallback
+        step_end = callback.on_step_end
+        def slowed(self, *args, **kwargs):
+            time.sleep(0.25)
+            return step_end(self, *args, **kwargs)
+        callback.on_step_end = slowed
+    threading.Thread(target=plant, daemon=True).start()
+"""
+
+
 def kill_compare(workdir, freeze: bool = False, env: dict | None = None):
-    """Start COMPARE and SIGKILL its process group once With_DeepSpeed has logged step 3; returns that run and its
-    training process (a psutil.Process), which lives on in a session of its own (an orphan, stopping itself). freeze:
-    SIGSTOP that process first, so it is still there, its run not yet recorded, however long the next command takes to
-    start."""
+    """Start COMPARE, its steps slowed (SLOW_STEPS), and SIGKILL its process group once With_DeepSpeed has logged
+    step 3; returns that run and its training process (a psutil.Process), which lives on in a session of its own (an
+    orphan, stopping itself). freeze: SIGSTOP that process first, so it is still there, its run not yet recorded,
+    however long the next command takes to start."""
     import signal
     import time
 
     import psutil
 
+    (workdir / "slow").mkdir()
+    (workdir / "slow" / "sitecustomize.py").write_text(SLOW_STEPS)
+    env = env or dict(os.environ)
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(workdir / "slow"), *filter(None, [env.get("PYTHONPATH")])])}
     child = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client, target, trainer = None, None, None
