@@ -200,23 +200,22 @@ def orphans(tracking_uri: str | None = None) -> list:
 
 
 def writes_to(process, command: list[str], tracking_uri: str) -> bool:
-    """Whether a training process logs into the store tracking_uri, as its child file's config says (a relative
-    SQLite path read from the process's own folder). One whose file cannot be read is taken to."""
+    """Whether a training process may log into the store tracking_uri, as its child file's config says: the same
+    SQLite file (a relative path read from the process's own folder), or a store of any other kind on either side (a
+    server's address has many spellings). One whose file cannot be read is taken to; one whose file is gone is not:
+    it removes its launch folder after its last write to its store."""
     import psutil
 
     try:
         cwd = process.cwd()
         with open(os.path.join(cwd, command[command.index("dsnb.child") + 1])) as f:
-            theirs = json.load(f)["config"]["tracking_uri"]
-        return store_key(theirs, cwd) == store_key(tracking_uri, os.getcwd())
+            theirs = sqlite_path(json.load(f)["config"]["tracking_uri"])
+    except FileNotFoundError:
+        return False
     except (psutil.Error, OSError, ValueError, LookupError, TypeError, AttributeError):
         return True
-
-
-def store_key(tracking_uri: str, cwd: str) -> str:
-    """A store's identity: an SQLite file's real path (relative to cwd), any other URI without its user and password."""
-    path = sqlite_path(tracking_uri)
-    return re.sub(r"//[^/@]*@", "//", tracking_uri) if path is None else os.path.realpath(os.path.join(cwd, path))
+    ours = sqlite_path(tracking_uri)
+    return theirs is None or ours is None or os.path.realpath(os.path.join(cwd, theirs)) == os.path.realpath(ours)
 
 
 def wait_for_orphans(tracking_uri: str | None = None, timeout: float = ORPHAN_WAIT_S) -> list[int]:

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import subprocess
@@ -105,13 +106,18 @@ def kill_tree(pid: int) -> None:
     a second; a dsnb, its child's exit)."""
     import psutil
 
-    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for action in ("suspend", "kill"):
-        for process in tree:
-            try:
-                getattr(process, action)()
-            except psutil.NoSuchProcess:
-                pass
+    tree, frozen = {}, None
+    while frozen != set(tree):  # listed again once frozen: a process started meanwhile is frozen too
+        frozen = set(tree)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            top = psutil.Process(pid)
+            tree.update((p.pid, p) for p in [top, *top.children(recursive=True)])
+        for process in tree.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.suspend()
+    for process in tree.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 def no_child_left(marker: str, grace: float = 30):

@@ -213,9 +213,10 @@ def fake_trainer(parent_pid: int, seconds: float = 60, arg: str = "-m", cwd=None
 
 
 def test_on_the_cpu_a_run_waits_only_for_the_orphans_of_its_own_store(tmp_path, monkeypatch):
-    """Without a GPU to share, an orphan matters to a run only if it logs into the run's store: another store's orphan
-    (another comparison's) is neither waited for nor killed at the limit. A store is one file however it is
-    named (relative to each process's folder); an orphan whose child file cannot be read is waited for."""
+    """Without a GPU to share, an orphan matters to a run only if it may log into the run's store: another SQLite
+    store's orphan (another comparison's) is neither waited for nor killed at the limit. A store is one file however
+    it is named (relative to each process's folder); a server's orphan, or one whose child file cannot be read, is
+    waited for by every store; one whose child file is gone (removed after its last write) by none."""
     from dsnb.preflight import orphans
 
     for name, store in (("mine", "sqlite:///../mine/mlflow.db"), ("other", "sqlite:///mlflow.db"),
@@ -224,17 +225,18 @@ def test_on_the_cpu_a_run_waits_only_for_the_orphans_of_its_own_store(tmp_path, 
         (tmp_path / name / "child.json").write_text(json.dumps({"config": {"tracking_uri": store}}))
     (tmp_path / "unreadable").mkdir()
     (tmp_path / "unreadable" / "child.json").write_text("{")
+    (tmp_path / "ended").mkdir()
     started = {name: fake_trainer(a_pid_that_is_gone(), cwd=tmp_path / name)
-               for name in ("mine", "other", "server", "unreadable")}
+               for name in ("mine", "other", "server", "unreadable", "ended")}
     monkeypatch.chdir(tmp_path)
     try:
         time.sleep(0.5)
         ours = {p.pid: name for name, p in started.items()}
         found = lambda uri: sorted(ours[p.pid] for p in orphans(uri) if p.pid in ours)  # noqa: E731
-        assert found("sqlite:///mine/mlflow.db") == ["mine", "unreadable"]
-        assert found(f"sqlite:///{tmp_path}/other/mlflow.db") == ["other", "unreadable"]
-        assert found("http://host:5000") == ["server", "unreadable"]  # its user and password are not the store's
-        assert found(None) == ["mine", "other", "server", "unreadable"]  # on a GPU: every orphan shares it
+        assert found("sqlite:///mine/mlflow.db") == ["mine", "server", "unreadable"]
+        assert found(f"sqlite:///{tmp_path}/other/mlflow.db") == ["other", "server", "unreadable"]
+        assert found("http://localhost:5000/") == ["mine", "other", "server", "unreadable"]
+        assert found(None) == ["ended", "mine", "other", "server", "unreadable"]  # on a GPU: every orphan shares it
     finally:
         for process in started.values():
             process.kill()
@@ -290,12 +292,14 @@ time.sleep(120)
         deadline, orphan = time.time() + 60, None
         while orphan is None and time.time() < deadline:
             orphan = next((p for p in orphans() if p.pid == ending), None)
+            time.sleep(0.1)
         assert orphan is not None
         found.touch()
         started = time.time()
         assert gone([orphan], 30) and time.time() - started < 10
         assert psutil.Process(ending).status() == psutil.STATUS_ZOMBIE
     finally:
+        found.touch()  # never left waiting: it would be an orphan of every later test
         keeper.kill()
         keeper.wait()
 

@@ -193,6 +193,9 @@ def freeze_holding_no_store_lock(proc, db) -> None:
             return
         except sqlite3.OperationalError:
             proc.resume()
+        except BaseException:
+            proc.resume()
+            raise
         finally:
             probe.close()
         time.sleep(0.02)
