@@ -18,7 +18,7 @@ import os
 import shutil
 import uuid
 
-from . import preflight, tracking
+from . import tracking
 from .config import ConfigError, RunConfig, tutorial_pair
 from .launch import SWEEP_RUN_ENV, run_all, run_variant
 from .tracking import RunResult, mlflow_client
@@ -92,7 +92,6 @@ def reuse(c: RunConfig, run, progress: bool, label: str) -> tuple[RunResult | No
 def newest_comparison(cfg: RunConfig, jobs: list[RunConfig]) -> tuple[str | None, dict]:
     """(the id of the newest comparison in cfg's store with a run of these jobs' configs, its runs by (name,
     repeat)); (None, {}) where there is none."""
-    preflight.wait_for_orphans(cfg.tracking_uri)  # before the store is read: an orphan may still be writing its run
     experiment = tracking.experiment_id(cfg)
     client = mlflow_client(cfg.tracking_uri)
     tracking.mark_stale_runs(client)
@@ -146,7 +145,6 @@ ONCE_TAG = "notebook_variant"  # run_once's runs: a notebook's variant, not a co
 def newest_run(cfg: RunConfig, tags: dict | None = None):
     """The newest run named like cfg and started with cfg (config.PLACES aside), and holding tags where given, or
     None."""
-    preflight.wait_for_orphans(cfg.tracking_uri)
     client = mlflow_client(cfg.tracking_uri)
     tracking.mark_stale_runs(client)
     runs = tracking.search(client, [tracking.experiment_id(cfg)], order_by=["attributes.start_time DESC"])

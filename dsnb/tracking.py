@@ -281,8 +281,7 @@ def mark_stale_runs(client) -> list[str]:
     and beats from then on (launch.run_variant's process beats while its child loads and trains), so a run lost before
     its training process first beat is found too; a run of an older dsnb without the tag counts from its start. A
     process killed but not yet waited for by its own parent (a zombie) has ended (preflight.alive)."""
-    wait_for_orphans(client.tracking_uri)  # a run whose dsnb is gone but whose training process is still ending is
-    # judged once it has
+    wait_for_orphans(client.tracking_uri)  # a run whose training process is still ending is judged once it has
     stale, claimed = [], {}  # claimed: the out-of-memory kills put down to a run so far, by counter
     host = socket.gethostname()
     experiments = [e.experiment_id for e in client.search_experiments()]

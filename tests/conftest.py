@@ -100,6 +100,15 @@ def assert_killed_with_what_it_measured(uri: str, run_id: str):
     assert "dsnb: interrupted" in log  # the child's own record of being stopped
 
 
+def planted(folder, code: str, env: dict | None = None) -> dict:
+    """env (default: this process's) with folder/sitecustomize.py holding code first on PYTHONPATH: every Python
+    process started with it runs code at its start (the code picks the processes it acts in)."""
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(code)
+    env = dict(os.environ if env is None else env)
+    return {**env, "PYTHONPATH": os.pathsep.join([str(folder), *filter(None, [env.get("PYTHONPATH")])])}
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and everything it started (each perhaps in a session of its own), as a machine that dies
     would: all frozen first, so none sees another go and records it (a training process notices its dsnb gone within

@@ -16,6 +16,7 @@ import time
 import mlflow
 import pytest
 
+from conftest import planted
 from dsnb.compare import run_ended
 from dsnb.metrics import oom_kills
 
@@ -100,10 +101,7 @@ def memory_cgroup(limit: int):
 
 def dsnb_in(procs: str | None, workdir, plant: str, *args: str) -> subprocess.CompletedProcess:
     """`python -m dsnb ARGS` in the cgroup of `procs` (None: where the test runs), its training processes planted."""
-    (workdir / "plant").mkdir(exist_ok=True)
-    (workdir / "plant" / "sitecustomize.py").write_text(PLANT + PLANT_RUN)
-    env = {**os.environ, "PLANT": plant if plant != "none" else "", "PYTHONPATH": os.pathsep.join(
-        [str(workdir / "plant"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {**planted(workdir / "plant", PLANT + PLANT_RUN), "PLANT": plant if plant != "none" else ""}
     join = f'echo $$ > "{procs}" && ' if procs else ""
     command = ["sh", "-c", join + 'exec "$@"', "sh", sys.executable, "-m", "dsnb", *args]
     return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)

@@ -231,10 +231,9 @@ def kill_compare(workdir, freeze: bool = False, env: dict | None = None):
 
     import psutil
 
-    (workdir / "slow").mkdir()
-    (workdir / "slow" / "sitecustomize.py").write_text(SLOW_STEPS)
-    env = env or dict(os.environ)
-    env = {**env, "PYTHONPATH": os.pathsep.join([str(workdir / "slow"), *filter(None, [env.get("PYTHONPATH")])])}
+    from conftest import planted
+
+    env = planted(workdir / "slow", SLOW_STEPS, env)
     child = subprocess.Popen([sys.executable, "-m", "dsnb", *COMPARE], cwd=workdir, start_new_session=True, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client, target, trainer = None, None, None
