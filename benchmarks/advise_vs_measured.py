@@ -144,7 +144,7 @@ def false_fits(rows: list[dict]) -> list[str]:
 
 
 KEYS = ("quantization", "strategy", "offload_optimizer", "offload_param", "torch_compile", "deepcompile",
-        "batch_size", "grad_accum", "dtype", "prompt", "max_length", "fp8_fast_accum")  # the same step, same tokens
+        "batch_size", "grad_accum", "dtype", "prompt", "max_length", "fp8_fast_accum", "fp8_head")  # the same step
 # The task advise is asked about for the ranking: the bench's 3B shape, its 1,000 samples, per-batch padding and 8
 # samples a step (the fast recipe's, the capacity map's), on one H200
 RANKED = RunConfig.layered(dict(T.B3, num_samples=1000, padding="longest", batch_size=8, grad_accum=1, prompt="eos"))

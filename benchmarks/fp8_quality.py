@@ -52,10 +52,12 @@ def record(client, run) -> dict:
     from dsnb.report import answer_rows, loss_curve
     from dsnb.tracking import params_then
 
-    m = run.data.metrics
+    m, fp8 = run.data.metrics, run.data.params.get("quantization") == "fp8"
     return {"name": run.info.run_name, "run_id": run.info.run_id, "quantization": run.data.params.get("quantization"),
-            "fp8_fast_accum": params_then(run.data.params)["fp8_fast_accum"]  # which accumulation the fp8 arm took
-            if run.data.params.get("quantization") == "fp8" else None,
+            # which accumulation the fp8 arm took, and whether its LM head was fp8 (fp8_head; the json of earlier
+            # calls lacks it: their heads were bf16)
+            "fp8_fast_accum": params_then(run.data.params)["fp8_fast_accum"] if fp8 else None,
+            "fp8_head": params_then(run.data.params)["fp8_head"] if fp8 else None,
             "repeat": int(run.data.params.get("repeat", 0)), "status": run.info.status,
             "exact_match_before": m.get("eval_exact_match_before"), "f1_before": m.get("eval_f1_before"),
             "exact_match": m.get("eval_exact_match"), "f1": m.get("eval_f1"), "questions": m.get("eval_questions"),

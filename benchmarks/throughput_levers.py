@@ -16,8 +16,9 @@ LEVER is one of:
   now      the bench's throughput_compiled as it is (12 rows of 1024 tokens, the passage prompt), LoRA's dropout masks
            drawn by dsnb's own kernel, four to a Philox call (dsnb/dropout.py)
   inddrop  now with inductor's dropout instead, one Philox call an element inside the kernel that uses the mask
-  fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head) as dsnb runs it: fast
-           accumulation in both passes (fp8_fast_accum both; measured as fp8fast before it was the default)
+  fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head, fp8_head false) as dsnb
+           ran it before fp8_head: fast accumulation in both passes (fp8_fast_accum both; measured as fp8fast before it
+           was the default). dsnb's default since makes the head's forward fp8 too (fp8_head; fp8_head_h100.md)
   fp8exact fp8 with fp32 accumulation (fp8_fast_accum none; dsnb's fp8 until a56cbce, the lever fp8 until then)
   fp8fastfwd  fp8 with fast accumulation in the forward's matmuls only (fp8_fast_accum forward: torchao's float8 choice)
   fp8head  fp8 with the LM head in fp8 too (issue 38's 1.3x: the head is ~12% of the step's matmul FLOPs, and its
@@ -61,8 +62,8 @@ def main() -> None:
     if a.lever in ("fp8", "fp8exact", "fp8fastfwd", "fp8head"):
         if a.lever == "fp8head":
             head_in_fp8()
-        accum = {"fp8exact": "none", "fp8fastfwd": "forward"}.get(a.lever, "both")
-        return record(a, train.train(cfg.replace(quantization="fp8", fp8_fast_accum=accum)))
+        accum = {"fp8exact": "none", "fp8fastfwd": "forward"}.get(a.lever, "both")  # each with the head as measured
+        return record(a, train.train(cfg.replace(quantization="fp8", fp8_fast_accum=accum, fp8_head=False)))
     cfg = cfg.replace(max_length=128 if a.offline else 512, batch_size=cfg.batch_size if a.offline else 24,
                       prompt="eos")  # as the first levers were measured: closed-book samples, rows of 512
     if a.lever in ("base", "flex", "cdt", "rows256"):  # 256 samples a step (offline 16), packed as a batch needs
@@ -86,8 +87,8 @@ def head_in_fp8() -> None:
 
     every_linear_but_the_head = fp8.quantize_linears
 
-    def with_head(model, fast_accum: str = "both") -> int:
-        count = every_linear_but_the_head(model, fast_accum)
+    def with_head(model, fast_accum: str = "both", head: bool = False) -> int:  # head: dsnb's own (fp8_head), off here
+        count = every_linear_but_the_head(model, fast_accum, head)
         model.config.tie_word_embeddings = False  # a later tie_weights() would put the bf16 embedding back in the head
         model.set_output_embeddings(fp8.Fp8Linear(model.get_output_embeddings(), fast_accum))
         return count + 1

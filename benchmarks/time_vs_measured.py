@@ -138,15 +138,16 @@ ROWS += [
      TUTORIAL_T4.replace(strategy="zero2", offload_optimizer="cpu")),
 ]
 # gpu_runs.sh advise (2026-12-03): `dsnb advise --verify 3` for the 3B shape in a 15 GB cap, its top variants run for
-# 10 steps each (dsnb/advise.py measure): the bf16 one and its fp8 twin (the third was stopped while it compiled)
+# 10 steps each (dsnb/advise.py measure): the bf16 one and its fp8 twin (the third was stopped while it compiled).
+# Every fp8 run listed here predates fp8_head: its LM head was bf16
 ROWS.append(("advise_2", "advise.jsonl", None, RunConfig(**B3, quantization="none", dtype="bf16", torch_compile=True,
                                                          memory_budget_gb=15, max_steps=10, untimed_steps=3,
                                                          eval_samples=0, save_model=False)))
 ROWS.append(("advise_1", "advise.jsonl", None,  # its fp8 twin, 1st ranked (fp8 then accumulated in fp32)
-             ROWS[-1][3].replace(quantization="fp8", fp8_fast_accum="none")))
+             ROWS[-1][3].replace(quantization="fp8", fp8_fast_accum="none", fp8_head=False)))
 # gpu_runs.sh fp8 (2026-12-04): PARTS=throughput REPEATS=1 in three calls (the runs' names repeat by call), then
-# PARTS=fast: bf16 then fp8 weights, each a cold compile (fp8_h200.md); fp8 then accumulated in fp32
-FP32_ACCUM = {"bf16": {}, "fp8": {"fp8_fast_accum": "none"}}
+# PARTS=fast: bf16 then fp8 weights, each a cold compile (fp8_h200.md); fp8 then accumulated in fp32, its head bf16
+FP32_ACCUM = {"bf16": {}, "fp8": {"fp8_fast_accum": "none", "fp8_head": False}}
 for weights in ("bf16", "fp8"):
     ROWS += [(f"throughput_{weights}_cold1", "fp8.jsonl", None, bench(
                  "throughput_compiled", quantization="none" if weights == "bf16" else "fp8", experiment="dsnb_fp8",
@@ -198,7 +199,27 @@ H100_ROWS += [(f"t4_fast_chunk{chunk}", "h100_runs/chunkloss_call5.jsonl", None,
                T4_FAST.replace(untimed_steps=10, loss_chunk=chunk)) for chunk in (0, 1024)]
 H100_ROWS += [("throughput_now", "h100_runs/fp8head_call4.jsonl", None, THROUGHPUT_H100),
               ("throughput_fp8", "h100_runs/fp8head_call4.jsonl", None,
-               THROUGHPUT_H100.replace(quantization="fp8", fp8_fast_accum="none"))]
+               THROUGHPUT_H100.replace(quantization="fp8", fp8_fast_accum="none", fp8_head=False))]
+# 2026-12-06's first H100: fp8 with fast accumulation (its head bf16) beside bf16, calls 1 and 3 of fp8_fast_h100.md
+# (one store, listed after call 3: the quality runs of call 2 are timed by none)
+FP8_FAST_H100 = bench("throughput_compiled", experiment="dsnb_fp8", untimed_steps=8, max_steps=20)
+H100_ROWS += [("throughput_bf16_cold1", "h100_runs/peers_call4.jsonl", None, FP8_FAST_H100),
+              ("throughput_fp8_cold1", "h100_runs/peers_call4.jsonl", None,
+               FP8_FAST_H100.replace(quantization="fp8", fp8_head=False)),
+              ("dsnb_throughput_cold", "h100_runs/peers_call4.jsonl", None, THROUGHPUT_H100.replace(max_steps=28)),
+              ("dsnb_throughput_fp8_cold", "h100_runs/peers_call4.jsonl", None,
+               THROUGHPUT_H100.replace(max_steps=28, quantization="fp8", fp8_head=False))]
+# 2026-12-06's second H100 (one machine, four calls): TRL + Liger beside dsnb's bf16 and fp8 throughput mode
+# (peers_h100.md call 5; fp8 with fast accumulation, its head bf16), the fast recipe's fp16 pair at 93f5076
+# (chunkloss_h100.md call 6, whose listing also holds call 5's runs: one store), then fp8 with its head in fp8
+# (fp8_head, the default) beside bf16 (fp8_head_h100.md)
+H100_ROWS += [("dsnb_throughput_cold", "h100_runs/peers_call5.jsonl", None, THROUGHPUT_H100),
+              ("dsnb_throughput_fp8_cold", "h100_runs/peers_call5.jsonl", None,
+               THROUGHPUT_H100.replace(quantization="fp8", fp8_head=False))]
+H100_ROWS += [(f"t4_fast_chunk{chunk}", "h100_runs/chunkloss_call6.jsonl", None,
+               T4_FAST.replace(untimed_steps=10, loss_chunk=chunk)) for chunk in (0, 1024)]
+H100_ROWS += [("throughput_bf16_cold1", "h100_runs/fp8_head.jsonl", None, FP8_FAST_H100),
+              ("throughput_fp8_cold1", "h100_runs/fp8_head.jsonl", None, FP8_FAST_H100.replace(quantization="fp8"))]
 ROWS += H100_ROWS
 T4_SOURCE = "the tutorial's T4 runs"
 NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2026-11-30 (256 samples packed, SDPA), "
@@ -211,7 +232,15 @@ NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2
                   "of throughput_levers.py, no RunConfig field, so no estimate (fp8head_h100.md)"
                   for source in ("fp8head.jsonl", "fp8head_call4.jsonl")},
                ("h100_runs/peers_call3.jsonl", "dsnb_throughput_cold"): "call 2's run, listed again by call 3 (the "
-               "same store on a machine still warm): compared under h100_runs/peers_call2.jsonl"}
+               "same store on a machine still warm): compared under h100_runs/peers_call2.jsonl",
+               **{("h100_runs/peers_call4.jsonl", name): "the quality task's runs of fp8_fast_h100.md call 2 "
+                  "(synthetic:small, seconds each), measured for their answers, not their step"
+                  for name in ("fp8q_base", "lora_bf16", "lora_fp8")},
+               ("h100_runs/peers_call4.jsonl", "throughput_bf16_cold2"): "cut by its call's limit while it compiled "
+               "(fp8_fast_h100.md call 1): no step timed",
+               **{("h100_runs/chunkloss_call6.jsonl", name): "peers call 5's run, listed again by the chunkloss call "
+                  "(the same store on a machine still warm): compared under h100_runs/peers_call5.jsonl"
+                  for name in ("dsnb_throughput_cold", "dsnb_throughput_fp8_cold")}}
 NOT_TIMED = {"fp8_quality.jsonl": "the quality task's runs (synthetic:small, seconds each), measured for their answers "
              "(fp8_quality_h200.md), not their step",
              "h100_runs/throughput_levers.jsonl": "the lines throughput_levers.py printed for the runs of "

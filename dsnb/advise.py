@@ -123,8 +123,9 @@ def variants(cfg: RunConfig, m: Machine) -> list[RunConfig]:
             for compiled in (False, True):
                 for batch in micro_batches(cfg, step, m.count):
                     fields = dict(quantization=weights, lora_r=(cfg.lora_r or 16) if training == "LoRA" else 0,
-                                  # cfg's own fp8 accumulation for fp8 rows; the others the field's default
+                                  # cfg's own fp8 accumulation and head for fp8 rows; the others the defaults
                                   fp8_fast_accum=cfg.fp8_fast_accum if weights == "fp8" else "both",
+                                  fp8_head=cfg.fp8_head if weights == "fp8" else True,
                                   dtype=half, strategy=strategy, offload_optimizer=opt, offload_param=param,
                                   torch_compile=compiled,
                                   deepcompile=compiled and strategy == "zero3" and param == "none",

@@ -287,9 +287,12 @@ def weight_bytes(cfg: RunConfig, config, trainable: int) -> tuple[float, int]:
     full = cfg.lora_r == 0
     load_bytes = 4 if cfg.dtype == "fp32" or (full and cfg.dtype == "fp16") else 2
     linear, total = linear_params(config), total_params(config)
-    # fp8: a byte a weight and 4 bytes a row of scales (dsnb/fp8.py; 3 MB on the 3B shape, left out)
+    # fp8: a byte a weight and 4 bytes a row of scales (dsnb/fp8.py; 3 MB on the 3B shape, left out); fp8_head: the
+    # head's fp8 copy beside its bf16 weight, a byte a weight more
     per_linear = {"none": load_bytes, "8bit": 1.0, "4bit": 0.53, "fp8": 1.0}[cfg.quantization]
     weights = linear * per_linear + (total - linear) * (load_bytes if cfg.quantization == "none" else 2)
+    if cfg.quantization == "fp8" and cfg.fp8_head:
+        weights += config.vocab_size * config.hidden_size
     return (weights if full else weights + trainable * 4), load_bytes
 
 

@@ -2,7 +2,8 @@
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map={"": "cuda:0"})
     check_device("cuda:0")      # a GPU with FP8 matmuls (compute capability 8.9 or more), else a ConfigError
-    quantize_linears(model)     # each Linear but the LM head becomes an Fp8Linear; peft wraps them in LoRA as usual
+    quantize_linears(model, head=True)  # each Linear but the LM head becomes an Fp8Linear, the head an Fp8Head (its
+                                        # forward in fp8: RunConfig fp8_head); peft wraps them in LoRA as usual
 
 What is stored: float8 e4m3 (torch.float8_e4m3fn) with a power-of-two scale for each output row of a weight. Rows,
 not one scale a tensor: torch._scaled_mm scales rows of both operands or of neither, and activations need rows (one
@@ -21,7 +22,9 @@ passes, 1.27x in the forward only and 1.23x with none, the mean loss within 0.03
 benchmarks/results/fp8_accum_h200.md). Its matmuls alone: 10-12% faster in each pass (two calls); their outputs'
 error against the exact product of their fp8 operands 1.05-1.6x bf16 rounding's, growing with the reduction's length
 (1,024 to 8,192), against 1.01x with fp32 accumulation, and 6.2x for a 128,256-long one (the LM head's input
-gradient, which dsnb's fp8 leaves in bf16; fp8_gemms_h200.md, call 2).
+gradient, which dsnb's fp8 leaves in bf16; fp8_gemms_h200.md, call 2). The head's forward (the logits, a reduction of
+the hidden size) runs in fp8 with fp8_head (Fp8Head): 1.335x bf16's throughput mode on an H100 against 1.297-1.306x
+with the head in bf16 (benchmarks/results/fp8_head_h100.md).
 
 _scaled_mm on CUDA takes its first operand row-major and its second column-major: W8 as stored (out x in, row-major)
 is the forward's second operand as it is, and the backward's only transposed. So the backward copies each layer's W8
@@ -141,16 +144,68 @@ class Fp8Linear(torch.nn.Linear):
         return y if self.bias is None else y + self.bias
 
 
-def quantize_linears(model: torch.nn.Module, fast_accum: str = "both") -> int:
+class Fp8HeadMatmul(torch.autograd.Function):
+    """logits = x W^T for the frozen LM head W: the forward through W's fp8 copy (w8, w_scale: Fp8Head), x's gradient
+    dy W through W itself, in bf16 as without fp8. That gradient is a reduction over the whole vocabulary (128,256 for
+    Llama 3), where fp8's fast accumulation erred 6.2x bf16 rounding against 1.05-1.6x for every other layer
+    (fp8_gemms_h200.md); quantizing its dy (tokens x vocabulary) would also hold 1.5 GB more on the 3B shape's
+    throughput mode. W gets no gradient (frozen)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, w8, w_scale, fast):
+        ctx.save_for_backward(weight)
+        y = matmul(padded(x.reshape(-1, x.shape[-1]), w8.shape[1]), w8.t(), w_scale.view(1, -1), x.dtype, fast)
+        return y[:, :weight.shape[0]].view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        (weight,) = ctx.saved_tensors
+        return dy @ weight, None, None, None, None
+
+
+class Fp8Head(torch.nn.Linear):
+    """The frozen LM head with an fp8 copy of its weight (e4m3, a power-of-two scale a row, padded as Fp8Linear's) for
+    the forward's logits (RunConfig fp8_head; Fp8HeadMatmul). Its weight is the head's own Parameter, kept in bf16 for
+    x's gradient: a head tied to the input embedding (Llama 3.2's) stays tied. The copy costs a byte a weight more
+    (376 MB on the 3B shape) and is not saved with the model (a buffer outside the state dict): a reload makes it
+    again from the weight."""
+
+    def __init__(self, head: torch.nn.Linear, fast: bool = True):
+        torch.nn.Module.__init__(self)
+        self.in_features, self.out_features, self.fast = head.in_features, head.out_features, fast
+        self.weight, self.bias = head.weight, head.bias
+        w8, scale = quantize_rows(torch.nn.functional.pad(head.weight.detach(), (
+            0, aligned(self.in_features) - self.in_features, 0, aligned(self.out_features) - self.out_features)))
+        self.register_buffer("weight8", w8.view(torch.uint8), persistent=False)
+        self.register_buffer("scale", scale.view(-1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = Fp8HeadMatmul.apply(x.to(self.weight.dtype), self.weight, self.weight8.view(torch.float8_e4m3fn),
+                                self.scale.float(), self.fast)
+        return y if self.bias is None else y + self.bias
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The forward's logits of h (tokens x hidden) without autograd: what the chunked loss (dsnb/loss.py) makes
+        chunk by chunk, its gradients through self.weight."""
+        y = matmul(padded(h, self.weight8.shape[1]), self.weight8.view(torch.float8_e4m3fn).t(),
+                   self.scale.float().view(1, -1), h.dtype, self.fast)
+        return y[:, :self.out_features] if self.bias is None else y[:, :self.out_features] + self.bias
+
+
+def quantize_linears(model: torch.nn.Module, fast_accum: str = "both", head: bool = False) -> int:
     """Each Linear of model (before LoRA wraps it) becomes an Fp8Linear accumulating as fast_accum says (RunConfig
     fp8_fast_accum), in place; returns how many.
 
-    Kept in the model's precision: the LM head (the logits; Llama 3.2's is the input embedding itself). Widths that
-    are not a multiple of 16 are padded (Fp8Linear). One layer at a time, so its bf16 weight is freed as it goes."""
-    head = model.get_output_embeddings()
-    names = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear and m is not head]
+    The LM head (the logits; Llama 3.2's is the input embedding itself) keeps its weight in the model's precision;
+    with `head` (RunConfig fp8_head) it becomes an Fp8Head, its forward in fp8 (fast accumulation unless fast_accum is
+    none). Widths that are not a multiple of 16 are padded (Fp8Linear). One layer at a time, so its bf16 weight is
+    freed as it goes."""
+    out = model.get_output_embeddings()
+    names = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear and m is not out]
     for name in names:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
         setattr(owner, child, Fp8Linear(getattr(owner, child), fast_accum))
+    if head and type(out) is torch.nn.Linear:
+        model.set_output_embeddings(Fp8Head(out, fast_accum != "none"))
     return len(names)

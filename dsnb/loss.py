@@ -12,9 +12,10 @@ forward runs the model to its last hidden state, then for each chunk of tokens: 
 log-sum-exp and the loss of the labelled tokens, and at once the gradient of that loss to the chunk's hidden state
 (softmax minus the label's one-hot, over the step's label count, through the head's weight) and, where the head trains,
 to its weight. The backward only scales those by the loss's incoming gradient. No matmul is added in bf16: the head's
-forward and its two backward matmuls run as before, chunk by chunk. In fp16 the gradients wait for the backward, where
-the loss scale arrives, and each chunk's logits are made again (HeadLoss). The loss and gradients are the model's own
-within rounding (the sums go in another order; tests/test_loss.py).
+forward and its two backward matmuls run as before, chunk by chunk (with fp8_head the forward's through the head's fp8
+copy, dsnb/fp8.py Fp8Head, the gradients through its bf16 weight, as the whole logits' head). In fp16 the gradients
+wait for the backward, where the loss scale arrives, and each chunk's logits are made again (HeadLoss). The loss and
+gradients are the model's own within rounding (the sums go in another order; tests/test_loss.py).
 
 Labels follow transformers' ForCausalLMLoss: token t predicts label t + 1, -100 is ignored, and the sum is divided by
 the Trainer's num_items_in_batch (the step's label count) where it is given, else by this batch's. Only architectures
@@ -28,6 +29,7 @@ import inspect
 import torch
 
 from .config import ConfigError
+from .fp8 import Fp8Head
 
 IGNORE = -100
 PLAIN_HEADS = ("llama", "mistral", "qwen2", "qwen3")  # CausalLM forward: lm_head(last_hidden_state), nothing after it
@@ -41,14 +43,14 @@ class HeadLoss(torch.autograd.Function):
     underflow fp16 where the model's own backward, scaled, does not."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, scale, chunk: int, wanted: bool):
+    def forward(ctx, hidden, weight, targets, scale, chunk: int, wanted: bool, head=None):
         kind = hidden.device.type
         ctx.autocast = torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind), kind
         later = wanted and (hidden.dtype == torch.float16 or ctx.autocast[:2] == (True, torch.float16))
         grads = Grads(hidden, weight) if wanted and not later else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         lses = []
-        for start, h, t, logits in chunks(hidden, weight, targets, chunk):
+        for start, h, t, logits in chunks(hidden, weight, targets, chunk, head):
             lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
             total += torch.where(t != IGNORE, lse - picked, 0.0).sum()
@@ -56,7 +58,7 @@ class HeadLoss(torch.autograd.Function):
                 grads.add(start, h, weight, t, logits_grad(logits, lse, t, scale))
             if later:
                 lses.append(lse)
-        ctx.chunk, ctx.later, ctx.weight_dtype = chunk, later, weight.dtype
+        ctx.chunk, ctx.later, ctx.weight_dtype, ctx.head = chunk, later, weight.dtype, head
         if later:
             ctx.save_for_backward(hidden, weight, targets, scale, torch.cat(lses))
         elif grads is not None:
@@ -69,7 +71,7 @@ class HeadLoss(torch.autograd.Function):
             hidden, weight, targets, scale, lse = ctx.saved_tensors
             grads, (on, dtype, kind) = Grads(hidden, weight), ctx.autocast
             with torch.autocast(kind, dtype=dtype, enabled=on):
-                for start, h, t, logits in chunks(hidden, weight, targets, ctx.chunk):
+                for start, h, t, logits in chunks(hidden, weight, targets, ctx.chunk, ctx.head):
                     grads.add(start, h, weight, t, logits_grad(logits, lse[start:start + ctx.chunk], t,
                                                                scale * grad_loss))
             grad_hidden, grad_weight = grads.hidden, grads.weight
@@ -78,14 +80,15 @@ class HeadLoss(torch.autograd.Function):
             grad_hidden = None if grad_hidden is None else (grad_hidden.float() * grad_loss).to(grad_hidden.dtype)
             grad_weight = None if grad_weight is None else grad_weight * grad_loss
         return (grad_hidden, None if grad_weight is None else grad_weight.to(ctx.weight_dtype), None, None, None,
-                None)
+                None, None)
 
 
-def chunks(hidden, weight, targets, chunk: int):
-    """(start, hidden states, targets, fp32 logits) of each chunk of `chunk` tokens."""
+def chunks(hidden, weight, targets, chunk: int, head=None):
+    """(start, hidden states, targets, fp32 logits) of each chunk of `chunk` tokens; the logits through `head`'s fp8
+    copy of weight where it is an Fp8Head (fp8_head: dsnb/fp8.py), else through weight."""
     for start in range(0, hidden.shape[0], chunk):
         h = hidden[start:start + chunk]
-        yield start, h, targets[start:start + chunk], (h @ weight.t()).float()
+        yield start, h, targets[start:start + chunk], (h @ weight.t() if head is None else head.logits(h)).float()
 
 
 def logits_grad(logits, lse, targets, factor):
@@ -111,14 +114,15 @@ class Grads:
             self.weight += (grad.t() @ h).float()
 
 
-def head_loss(hidden, weight, labels, num_items_in_batch, chunk: int):
+def head_loss(hidden, weight, labels, num_items_in_batch, chunk: int, head=None):
     """The causal LM loss of hidden (batch, tokens, h) through the head's weight against labels (batch, tokens), as
-    transformers' ForCausalLMLoss computes it from full logits."""
+    transformers' ForCausalLMLoss computes it from full logits; the logits through `head` where it is an Fp8Head,
+    the gradients through weight (bf16) as that head's own backward."""
     targets = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:].reshape(-1)
     count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum()
     scale = 1.0 / torch.as_tensor(count, dtype=torch.float32, device=hidden.device)
     wanted = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return HeadLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, scale, chunk, wanted)
+    return HeadLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, scale, chunk, wanted, head)
 
 
 def chunk_the_loss(model, chunk: int) -> None:
@@ -126,7 +130,7 @@ def chunk_the_loss(model, chunk: int) -> None:
     evaluation (model.eval()) and forwards without labels keep the model's own forward."""
     kind = getattr(model.config, "model_type", "?")
     head = getattr(model, "lm_head", None)
-    if kind not in PLAIN_HEADS or type(head) is not torch.nn.Linear or head.bias is not None:
+    if kind not in PLAIN_HEADS or type(head) not in (torch.nn.Linear, Fp8Head) or head.bias is not None:
         raise ConfigError(f"loss_chunk {chunk} needs a plain Linear head on the last hidden state "
                           f"({', '.join(PLAIN_HEADS)} models); {kind} is not one: set loss_chunk 0")
     model.forward = ChunkedForward(model, chunk)
@@ -150,11 +154,12 @@ class ChunkedForward:
         if labels is None or not model.training:  # the class's function called with the model, not bound by
             # function.__get__, which the GPU machine's torch.compile warned it cannot trace
             return type(model).forward(model, *args, labels=labels, logits_to_keep=logits_to_keep, **kwargs)
-        if type(model.lm_head) is not torch.nn.Linear:  # a LoRA adapter on the head would be left out of the loss
+        head = model.lm_head
+        if type(head) not in (torch.nn.Linear, Fp8Head):  # a LoRA adapter on the head would be left out of the loss
             raise ConfigError("loss_chunk computes the head from its own weight, and the head is now a "
                               f"{type(model.lm_head).__name__} (a LoRA target?); leave lm_head out of lora_targets "
                               "or set loss_chunk 0")
         out = model.model(*args, **kwargs)
-        loss = head_loss(out.last_hidden_state, model.lm_head.weight, labels, kwargs.get("num_items_in_batch"),
-                         self.chunk)
+        loss = head_loss(out.last_hidden_state, head.weight, labels, kwargs.get("num_items_in_batch"), self.chunk,
+                         head if type(head) is Fp8Head else None)
         return CausalLMOutputWithPast(loss=loss)

@@ -310,7 +310,7 @@ def load_base(cfg: RunConfig, device: str, path: str | None = None):
         raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)})") from None
     model.config.use_cache = False
     if cfg.quantization == "fp8":  # loaded in bf16, then each frozen Linear's weight to fp8, one layer at a time
-        fp8.quantize_linears(model, cfg.fp8_fast_accum)
+        fp8.quantize_linears(model, cfg.fp8_fast_accum, head=cfg.fp8_head)
     if cfg.quantization == "4bit" and device == "cpu":
         unpacked_4bit_on_cpu(model)
     return model

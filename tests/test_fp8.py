@@ -150,10 +150,12 @@ def test_the_default_is_fast_accumulation_and_other_values_are_refused_or_named(
 @pytest.mark.integration
 def test_torch_compile_runs_the_same_fp8_math():
     """What dsnb's compiled loop runs (on a GPU, replayed as CUDA graphs): the graph inductor makes of the fp8 layer's
-    forward and backward gives what the eager layer gives, bit for bit."""
+    forward and backward gives what the eager layer gives, bit for bit; so does fp8_head's head."""
     layer, _, x, dy = linear_and_reference()
-    eager, compiled = forward_backward(layer, x, dy), forward_backward(torch.compile(layer), x, dy)
-    assert all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True))
+    head = fp8.Fp8Head(torch.nn.Linear(64, 96, bias=False).to(torch.bfloat16))  # fp8_head's forward, bf16 backward
+    for module in (layer, head):
+        eager, compiled = forward_backward(module, x, dy), forward_backward(torch.compile(module), x, dy)
+        assert all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True))
 
 
 def lora(model):
@@ -295,6 +297,47 @@ def test_deepspeed_zero2_in_bf16_keeps_the_fp8_weights_and_their_scales():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["layers"] == 14 and out["weights"] == ["torch.uint8"] and out["scales_kept"]
     assert all(loss == loss for loss in out["losses"]) and out["losses"][-1] < out["losses"][0]
+
+
+def test_the_fp8_head_makes_the_logits_in_fp8_and_the_input_gradient_through_its_bf16_weight():
+    """fp8_head: the LM head's forward through an fp8 copy of its weight (fast accumulation unless fp8_fast_accum is
+    none), its input gradient dy W through the weight itself in bf16, no _scaled_mm in the backward. The head keeps its
+    weight, still the input embedding's (tied), and the copy is not in the state dict (a saved model is the same)."""
+    reference, model = tiny(176), tiny(176)
+    assert fp8.quantize_linears(model, "both", head=True) == 14
+    head = model.lm_head
+    assert type(head) is fp8.Fp8Head and head.weight is model.model.embed_tokens.weight
+    assert head.weight.dtype == torch.bfloat16 and torch.equal(head.weight, reference.lm_head.weight)
+    assert head.weight8.dtype == torch.uint8 and head.weight8.shape == (432, 64)  # 420 rows padded to 16s
+    assert [k for k in model.state_dict() if k.startswith("lm_head")] == ["lm_head.weight"]  # as saved before
+    x = torch.randn(2, 7, head.in_features, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
+    dy = torch.randn(2, 7, head.out_features, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(2))
+    (y, dx), (y_ref, dx_ref) = forward_backward(head, x, dy), forward_backward(reference.lm_head, x, dy)
+    assert 0 < rel(y, y_ref) < 2 * E4M3_STEP  # x and W each rounded to e4m3 per row
+    assert torch.equal(dx, dx_ref)  # the bf16 head's own input gradient, bit for bit
+    assert scaled_mm_fast_accum_flags(head, x, dy) == ([True], [])
+    exact = tiny(176)
+    fp8.quantize_linears(exact, "none", head=True)
+    assert scaled_mm_fast_accum_flags(exact.lm_head, x, dy) == ([False], [])
+    untouched = tiny(176)
+    fp8.quantize_linears(untouched, "both")  # head=False: the head as it was
+    assert type(untouched.lm_head) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("head", [True, False])
+def test_a_runs_fp8_head_field_decides_the_heads_form_and_is_logged_by_name(head, monkeypatch):
+    """A run loads the head as its fp8_head says (default: fp8); false is named in the run's name (bf16head) and
+    refused without quantization fp8; a LoRA model on it trains only its adapters."""
+    monkeypatch.setattr(fp8, "check_device", lambda device: None)
+    cfg = RunConfig(**{**OFFLINE, **FP8}, fp8_head=head)
+    assert RunConfig(**FP8).fp8_head is True
+    assert cfg.derived_name().endswith("_bf16head") == (not head)
+    model, _ = load_model(cfg, "cpu")
+    assert type(model.base_model.model.lm_head) is (fp8.Fp8Head if head else torch.nn.Linear)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} and \
+        all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    with pytest.raises(ConfigError, match="fp8_head is false but applies only with quantization fp8"):
+        RunConfig(fp8_head=False)
 
 
 def test_an_fp8_runs_mfu_says_it_is_of_bf16s_peak_where_a_person_reads_it():

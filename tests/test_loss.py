@@ -114,6 +114,28 @@ def test_fp16_autocast_over_fp32_weights_waits_too():
         assert torch.allclose(grad, want, rtol=1e-2, atol=1e-2 * want.abs().max())
 
 
+def test_an_fp8_head_makes_each_chunks_logits_as_its_whole_forward_does(monkeypatch):
+    """With quantization fp8 and fp8_head (the default) the chunks' logits come through the head's fp8 copy and the
+    gradients through its bf16 weight, as the head's own forward and backward make them: the same loss and LoRA
+    gradients as the whole logits, and not the bf16 head's (a chunked loss that read the head's weight alone would
+    give those). The CPU let past the check that refuses it fp8 (tests/test_fp8.py: the GPU's math, emulated)."""
+    from dsnb import fp8
+
+    monkeypatch.setattr(fp8, "check_device", lambda device: None)
+    cfg = RunConfig(**dict(OFFLINE, quantization="fp8", dtype="bf16", lora_r=8, lora_dropout=0.0))
+    _, tokenizer = load_model(cfg, "cpu")
+    batch, items = a_batch(tokenizer), torch.tensor(40)
+    own_loss, own = loss_and_grads(cfg, batch, items)
+    loss, grads = loss_and_grads(cfg.replace(loss_chunk=7), batch, items)
+    bf16_head, _ = loss_and_grads(cfg.replace(loss_chunk=7, fp8_head=False), batch, items)
+    assert loss.item() == pytest.approx(own_loss.item(), rel=1e-5)
+    assert abs(bf16_head.item() - own_loss.item()) > 2e-5 * own_loss.item()  # the fp8 head's own rounding
+    largest = max(g.abs().max() for g in own.values())
+    assert largest > 0 and grads.keys() == own.keys()
+    for name, grad in grads.items():  # bf16 gradients, the sums in another order
+        assert torch.allclose(grad.float(), own[name].float(), rtol=2e-2, atol=2e-2 * largest), name
+
+
 def test_a_copied_or_pickled_model_keeps_its_own_chunked_forward():
     import copy
     import pickle

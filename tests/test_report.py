@@ -81,7 +81,8 @@ def logged_by_an_earlier_dsnb(workdir, name, missing: str, **changes) -> RunResu
 def test_a_run_of_an_earlier_dsnb_reads_each_field_it_predates_as_that_field_then_was(workdir):
     """A comparison read again after an upgrade: the earlier run logged no param for a field added since. It does the
     new run's work where the field then meant its default (lr_warmup_steps, fp8_fast_accum outside fp8), and not
-    where it meant otherwise: fp8 accumulated in fp32 (fp8_fast_accum none) before the field; run_config reads it so."""
+    where it meant otherwise: fp8 accumulated in fp32 (fp8_fast_accum none) and its LM head was bf16 (fp8_head false)
+    before those fields; run_config reads it so."""
     from dsnb.publish import run_config, saved_config
 
     older = logged_by_an_earlier_dsnb(workdir / "a", "older", "lr_warmup_steps")
@@ -98,6 +99,13 @@ def test_a_run_of_an_earlier_dsnb_reads_each_field_it_predates_as_that_field_the
     saved = {k: v for k, v in RunConfig(**dict(OFFLINE, **fp8)).to_dict().items() if k != "fp8_fast_accum"}
     assert saved_config({"config": saved}).fp8_fast_accum == "none"  # a folder an earlier dsnb saved
     assert saved_config({"config": {**saved, "fp8_fast_accum": "both"}}).fp8_fast_accum == "both"
+    # the LM head was bf16 in every fp8 run before fp8_head: such a run is not a new default run's work
+    older = logged_by_an_earlier_dsnb(workdir / "d", "older", "fp8_head", **fp8)
+    text = same_work([older, logged(workdir / "d", "newer", {}, **fp8)])
+    assert text.splitlines()[0].strip().startswith("config: DIFFERENT fp8_head ['False', 'True']"), text
+    assert "same in all" in same_work([older, logged(workdir / "d", "bf16head", {}, **fp8, fp8_head=False)])
+    assert run_config(mlflow_client(older.tracking_uri).get_run(older.run_id)).fp8_head is False
+    assert saved_config({"config": {k: v for k, v in saved.items() if k != "fp8_head"}}).fp8_head is False
     # a run killed as it opened logged no config: nobody's work, not the defaults' (beside a run of the defaults that
     # failed before its data was made, so no fingerprint tells them apart either)
     from mlflow.entities import Param
