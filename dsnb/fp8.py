@@ -2,8 +2,8 @@
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map={"": "cuda:0"})
     check_device("cuda:0")      # a GPU with FP8 matmuls (compute capability 8.9 or more), else a ConfigError
-    quantize_linears(model, head=True)  # each Linear but the LM head becomes an Fp8Linear, the head an Fp8Head (its
-                                        # forward in fp8: RunConfig fp8_head); peft wraps them in LoRA as usual
+    quantize_linears(model)     # each Linear but the LM head becomes an Fp8Linear, the head an Fp8Head (its forward
+                                # in fp8: RunConfig fp8_head; head=False keeps it bf16); peft wraps them in LoRA
 
 What is stored: float8 e4m3 (torch.float8_e4m3fn) with a power-of-two scale for each output row of a weight. Rows,
 not one scale a tensor: torch._scaled_mm scales rows of both operands or of neither, and activations need rows (one
@@ -149,7 +149,8 @@ class Fp8HeadMatmul(torch.autograd.Function):
     dy W through W itself, in bf16 as without fp8. That gradient is a reduction over the whole vocabulary (128,256 for
     Llama 3), where fp8's fast accumulation erred 6.2x bf16 rounding against 1.05-1.6x for every other layer
     (fp8_gemms_h200.md); quantizing its dy (tokens x vocabulary) would also hold 1.5 GB more on the 3B shape's
-    throughput mode. W gets no gradient (frozen)."""
+    throughput mode. W gets no gradient: frozen, as under LoRA; a head that trains would leave its fp8 copy behind, so
+    its backward refuses."""
 
     @staticmethod
     def forward(ctx, x, weight, w8, w_scale, fast):
@@ -159,6 +160,9 @@ class Fp8HeadMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        if ctx.needs_input_grad[1]:
+            raise ConfigError("fp8_head makes the logits from a copy of the LM head's weight taken once, so the head "
+                              "cannot train (modules_to_save, full fine-tuning); set fp8_head false")
         (weight,) = ctx.saved_tensors
         return dy @ weight, None, None, None, None
 
@@ -187,12 +191,12 @@ class Fp8Head(torch.nn.Linear):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The forward's logits of h (tokens x hidden) without autograd: what the chunked loss (dsnb/loss.py) makes
         chunk by chunk, its gradients through self.weight."""
-        y = matmul(padded(h, self.weight8.shape[1]), self.weight8.view(torch.float8_e4m3fn).t(),
+        y = matmul(padded(h.to(self.weight.dtype), self.weight8.shape[1]), self.weight8.view(torch.float8_e4m3fn).t(),
                    self.scale.float().view(1, -1), h.dtype, self.fast)
         return y[:, :self.out_features] if self.bias is None else y[:, :self.out_features] + self.bias
 
 
-def quantize_linears(model: torch.nn.Module, fast_accum: str = "both", head: bool = False) -> int:
+def quantize_linears(model: torch.nn.Module, fast_accum: str = "both", head: bool = True) -> int:
     """Each Linear of model (before LoRA wraps it) becomes an Fp8Linear accumulating as fast_accum says (RunConfig
     fp8_fast_accum), in place; returns how many.
 

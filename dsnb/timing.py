@@ -81,9 +81,10 @@ OFFLOAD_SETUP_S_PER_B = 12  # s per billion trained weights to allocate and pin 
 #                             scale_8b: full_zero2_offload +18 / +40 s for 1B / 3B, zero2_offload_1gpu +100 s for 8B)
 COMPILE_SECONDS = 60  # the compiled loop's first compile, inductor's cache cold (fast.jsonl: fast_compiled 108.6 s of
 #                       wall time cold, 40.5 s warm; graphscheck.jsonl 74-97 s)
-FP8_HEAD_RATE = 0.518  # fp8_head: the LM head's forward matmul in fp8 (fast accumulation) against bf16, alone on an
-#                       H100 (fp8_gemms_h100.jsonl: 7.30 ms against 14.09 for 12,288 tokens of the 3B shape); the
-#                       rest of an fp8 step as fp8_flops says (its runs' heads were bf16)
+FP8_HEAD_RATE = {"fast": 0.518, "fp32": 0.645}  # fp8_head: the LM head's forward matmul in fp8 against bf16, alone
+#                       on an H100 (fp8_gemms_h100.jsonl, 12,288 tokens of the 3B shape: 14.09 ms in bf16, 7.30 with
+#                       fast accumulation, 9.09 with fp32's); the rest of an fp8 step as fp8_flops says (its runs'
+#                       heads were bf16)
 FP8_COMPILE = 1.6  # fp8 weights' first compile against bf16's, the same shape cold (advise_verify_h200.md: the first
 #                   step at 194 s against 132, about 164 s of compiling against 102)
 DEEPCOMPILE_SECONDS = 290  # DeepCompile compiles, profiles and compiles again (deepcompile.jsonl: zero3_dc, 323 s)
@@ -141,7 +142,8 @@ def micro_batch_seconds(cfg: RunConfig, config, trainable: int, tokens: float, g
     # layer's weights transposed once, take 0.04 ms of the 0.33 on an H200), so taken as the H200's on every GPU
     fp8_flops, fp8_layer = (rates["fp8_flops"], rates["fp8_layer"]) if cfg.quantization == "fp8" else (1.0, 0.0)
     if cfg.quantization == "fp8" and cfg.fp8_head:  # the head's forward FLOPs (2 V h a token) at FP8_HEAD_RATE
-        fp8_flops -= 2 * config.vocab_size * config.hidden_size * tokens / flops * (1 - FP8_HEAD_RATE)
+        rate = FP8_HEAD_RATE["fp32" if cfg.fp8_fast_accum == "none" else "fast"]
+        fp8_flops -= 2 * config.vocab_size * config.hidden_size * tokens / flops * (1 - rate)
     if cfg.torch_compile:
         floor = rates["compiled_layer" if cuda_graphs(cfg) else "compiled_layer_nographs"]
         return max(layers * floor * host,

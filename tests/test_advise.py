@@ -273,12 +273,14 @@ def test_fp8_is_offered_where_the_gpu_has_fp8_and_hides_no_measured_path():
         assert (len(fp8) > 0) == offered, gpu
         if offered:
             assert (table.weights == "bf16").any() and all("fp8 weights' matmul rate rests on" in r for r in fp8.rough)
-    # a task that asks for fp8 with its own accumulation: the fp8 rows keep it, the other weights are offered too
+    # a task that asks for fp8 with its own accumulation and head: the fp8 rows keep them, the other weights are
+    # offered too
     from dsnb.advise import machine, variants
 
-    exact = cfg.replace(quantization="fp8", dtype="bf16", fp8_fast_accum="none")
-    kinds = {(c.quantization, c.fp8_fast_accum) for c in variants(exact, machine("H200", 1, 128))}
-    assert kinds == {("none", "both"), ("8bit", "both"), ("4bit", "both"), ("fp8", "none")}, kinds
+    exact = cfg.replace(quantization="fp8", dtype="bf16", fp8_fast_accum="none", fp8_head=False)
+    kinds = {(c.quantization, c.fp8_fast_accum, c.fp8_head) for c in variants(exact, machine("H200", 1, 128))}
+    assert kinds == {("none", "both", True), ("8bit", "both", True), ("4bit", "both", True), ("fp8", "none", False)}, \
+        kinds
 
 
 def test_fp8_ranks_as_the_h200_measured_it_slower_on_small_steps_faster_on_large_ones():

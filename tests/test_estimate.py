@@ -38,6 +38,23 @@ def test_quantized_weights_match_the_loaded_footprint(quantization):
     assert est["est_weights_mb"] == pytest.approx(footprint, rel=0.1)
 
 
+def test_fp8_heads_copy_is_a_byte_a_head_weight_beside_its_bf16_weight():
+    """fp8_head keeps the head's bf16 weight (tied to the embedding) and adds its fp8 copy: V x h bytes (376 MB on the
+    3B shape, measured so on an H100: fp8_head_h100.md), on the weights and the peak alike."""
+    from transformers import LlamaConfig
+
+    from dsnb.model import SHAPES
+
+    shape = LlamaConfig(**SHAPES["llama-3.2-3b"], head_dim=128)
+    fp8 = RunConfig(model="synthetic:llama-3.2-3b", quantization="fp8", dtype="bf16")
+    with_head, bf16_head = (estimate_memory(cfg, shape, 2_293_760, 12_288)
+                            for cfg in (fp8, fp8.replace(fp8_head=False)))
+    copy = shape.vocab_size * shape.hidden_size / MB
+    assert copy == pytest.approx(375.75)
+    for key in ("est_weights_mb", "est_peak_gpu_mb"):
+        assert with_head[key] - bf16_head[key] == pytest.approx(copy), key
+
+
 def test_zero_stages_and_offload_move_state_off_the_gpu():
     from transformers import LlamaConfig
 

@@ -152,7 +152,7 @@ def test_torch_compile_runs_the_same_fp8_math():
     """What dsnb's compiled loop runs (on a GPU, replayed as CUDA graphs): the graph inductor makes of the fp8 layer's
     forward and backward gives what the eager layer gives, bit for bit; so does fp8_head's head."""
     layer, _, x, dy = linear_and_reference()
-    head = fp8.Fp8Head(torch.nn.Linear(64, 96, bias=False).to(torch.bfloat16))  # fp8_head's forward, bf16 backward
+    head = fp8.Fp8Head(torch.nn.Linear(64, 96, bias=False).to(torch.bfloat16).requires_grad_(False))  # fp8_head's
     for module in (layer, head):
         eager, compiled = forward_backward(module, x, dy), forward_backward(torch.compile(module), x, dy)
         assert all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True))
@@ -186,7 +186,7 @@ def linear_bytes(model) -> dict:
 
 def test_fp8_halves_the_linear_weights_and_leaves_the_head_in_bf16():
     model, quantized = tiny(176), tiny(176)  # tiny with its MLP 176 wide: every width a multiple of 16
-    assert fp8.quantize_linears(quantized) == 14  # 2 layers x (q, k, v, o, gate, up, down)
+    assert fp8.quantize_linears(quantized, head=False) == 14  # 2 layers x (q, k, v, o, gate, up, down)
     before, after = linear_bytes(model), linear_bytes(quantized)
     for name, module in quantized.named_modules():
         if type(module) is fp8.Fp8Linear:
@@ -200,7 +200,7 @@ def test_fp8_halves_the_linear_weights_and_leaves_the_head_in_bf16():
         if name in kept:
             assert torch.equal(t.float(), kept[name].float()) and (t.dtype == kept[name].dtype or "scale" in name)
     odd = tiny()  # synthetic:tiny itself: its 172-wide MLP is not a width _scaled_mm takes on CUDA: padded to 176
-    assert fp8.quantize_linears(odd) == 14
+    assert fp8.quantize_linears(odd, head=False) == 14
     assert odd.model.layers[0].mlp.up_proj.weight.shape == (176, 64)
     assert odd.model.layers[0].mlp.down_proj.weight.shape == (64, 176)
     assert count_parameters(odd)[1] == count_parameters(tiny())[1]  # the padding is not counted as weights
@@ -280,8 +280,11 @@ for _ in range(3):
     engine.step()
     losses.append(loss.item())
 layers = [m for m in engine.module.modules() if type(m) is fp8.Fp8Linear]
+heads = [m for m in engine.module.modules() if type(m) is fp8.Fp8Head]
 scales = {n: b for n, b in engine.module.named_buffers() if n.endswith("scale")}
 print(json.dumps({"layers": len(layers), "weights": sorted({str(m.weight.dtype) for m in layers}),
+                  "head": [(str(m.weight8.dtype), str(m.weight.dtype),
+                            m.weight is engine.module.get_input_embeddings().weight) for m in heads],
                   "scales_kept": all(torch.equal(scales[n].float(), before[n]) for n in before), "losses": losses}))
 torch.distributed.destroy_process_group()
 """
@@ -289,13 +292,15 @@ torch.distributed.destroy_process_group()
 
 @pytest.mark.integration
 def test_deepspeed_zero2_in_bf16_keeps_the_fp8_weights_and_their_scales():
-    """ZeRO-1/2 take fp8 weights (ZeRO-3 is refused): DeepSpeed's engine over a LoRA model with fp8 layers, in bf16,
-    trains the adapters through them and leaves the fp8 weights and their scales as they were."""
+    """ZeRO-1/2 take fp8 weights (ZeRO-3 is refused): DeepSpeed's engine over a LoRA model with fp8 layers and an fp8
+    head (fp8_head), in bf16, trains the adapters through them and leaves the fp8 weights, the head's fp8 copy and
+    their scales as they were."""
     done = subprocess.run([sys.executable, "-c", ZERO2], capture_output=True, text=True, timeout=300,
                           cwd=pathlib.Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["layers"] == 14 and out["weights"] == ["torch.uint8"] and out["scales_kept"]
+    assert out["head"] == [["torch.uint8", "torch.bfloat16", True]]  # fp8_head's copy kept, the head still tied
     assert all(loss == loss for loss in out["losses"]) and out["losses"][-1] < out["losses"][0]
 
 
@@ -303,8 +308,8 @@ def test_the_fp8_head_makes_the_logits_in_fp8_and_the_input_gradient_through_its
     """fp8_head: the LM head's forward through an fp8 copy of its weight (fast accumulation unless fp8_fast_accum is
     none), its input gradient dy W through the weight itself in bf16, no _scaled_mm in the backward. The head keeps its
     weight, still the input embedding's (tied), and the copy is not in the state dict (a saved model is the same)."""
-    reference, model = tiny(176), tiny(176)
-    assert fp8.quantize_linears(model, "both", head=True) == 14
+    reference, model = tiny(176).requires_grad_(False), tiny(176).requires_grad_(False)  # frozen, as under LoRA
+    assert fp8.quantize_linears(model, "both") == 14  # head=True by default, as fp8_head
     head = model.lm_head
     assert type(head) is fp8.Fp8Head and head.weight is model.model.embed_tokens.weight
     assert head.weight.dtype == torch.bfloat16 and torch.equal(head.weight, reference.lm_head.weight)
@@ -316,12 +321,21 @@ def test_the_fp8_head_makes_the_logits_in_fp8_and_the_input_gradient_through_its
     assert 0 < rel(y, y_ref) < 2 * E4M3_STEP  # x and W each rounded to e4m3 per row
     assert torch.equal(dx, dx_ref)  # the bf16 head's own input gradient, bit for bit
     assert scaled_mm_fast_accum_flags(head, x, dy) == ([True], [])
-    exact = tiny(176)
-    fp8.quantize_linears(exact, "none", head=True)
+    exact = tiny(176).requires_grad_(False)
+    fp8.quantize_linears(exact, "none")
     assert scaled_mm_fast_accum_flags(exact.lm_head, x, dy) == ([False], [])
     untouched = tiny(176)
-    fp8.quantize_linears(untouched, "both")  # head=False: the head as it was
+    fp8.quantize_linears(untouched, "both", head=False)  # the head as it was
     assert type(untouched.lm_head) is torch.nn.Linear
+
+
+def test_a_head_that_trains_is_refused_rather_than_left_behind_its_fp8_copy():
+    """The fp8 copy is taken once: a head whose weight trains (modules_to_save, full fine-tuning) would make logits
+    from a stale copy, so its backward stops with what to change."""
+    head = fp8.Fp8Head(torch.nn.Linear(64, 96, bias=False).to(torch.bfloat16))
+    y = head(torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True))
+    with pytest.raises(ConfigError, match="the head cannot train .*; set fp8_head false"):
+        y.sum().backward()
 
 
 @pytest.mark.parametrize("head", [True, False])
@@ -365,7 +379,7 @@ def test_the_fp8head_lever_gives_the_head_an_fp8_copy_and_keeps_the_embedding(mo
 
     monkeypatch.setattr(fp8, "quantize_linears", fp8.quantize_linears)  # put back after the lever replaces it
     reference, base_only, with_head = tiny(176), tiny(176), tiny(176)
-    fp8.quantize_linears(base_only)
+    fp8.quantize_linears(base_only, head=False)
     throughput_levers.head_in_fp8()
     assert fp8.quantize_linears(with_head, "both") == 15
     assert type(with_head.lm_head) is fp8.Fp8Linear and with_head.lm_head.weight.dtype == torch.uint8
