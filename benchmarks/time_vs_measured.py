@@ -209,7 +209,7 @@ H100_ROWS += [("throughput_bf16_cold1", "h100_runs/peers_call4.jsonl", None, FP8
               ("dsnb_throughput_cold", "h100_runs/peers_call4.jsonl", None, THROUGHPUT_H100.replace(max_steps=28)),
               ("dsnb_throughput_fp8_cold", "h100_runs/peers_call4.jsonl", None,
                THROUGHPUT_H100.replace(max_steps=28, quantization="fp8", fp8_head=False))]
-# 2026-12-06's second H100 (one machine, four calls): TRL + Liger beside dsnb's bf16 and fp8 throughput mode
+# 2026-12-06's later session (two H100 starts, two calls each): TRL + Liger beside dsnb's bf16 and fp8 throughput mode
 # (peers_h100.md call 5; fp8 with fast accumulation, its head bf16), the fast recipe's fp16 pair at 93f5076
 # (chunkloss_h100.md call 6, whose listing also holds call 5's runs: one store), then fp8 with its head in fp8
 # (fp8_head, the default) beside bf16 (fp8_head_h100.md)
