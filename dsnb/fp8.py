@@ -144,6 +144,10 @@ class Fp8Linear(torch.nn.Linear):
         return y if self.bias is None else y + self.bias
 
 
+TRAINED_HEAD = ("fp8_head makes the logits from a copy of the LM head's weight taken once, so the head cannot train "
+                "(modules_to_save, full fine-tuning); set fp8_head false")
+
+
 class Fp8HeadMatmul(torch.autograd.Function):
     """logits = x W^T for the frozen LM head W: the forward through W's fp8 copy (w8, w_scale: Fp8Head), x's gradient
     dy W through W itself, in bf16 as without fp8. That gradient is a reduction over the whole vocabulary (128,256 for
@@ -161,8 +165,7 @@ class Fp8HeadMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         if ctx.needs_input_grad[1]:
-            raise ConfigError("fp8_head makes the logits from a copy of the LM head's weight taken once, so the head "
-                              "cannot train (modules_to_save, full fine-tuning); set fp8_head false")
+            raise ConfigError(TRAINED_HEAD)
         (weight,) = ctx.saved_tensors
         return dy @ weight, None, None, None, None
 
@@ -191,7 +194,8 @@ class Fp8Head(torch.nn.Linear):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The forward's logits of h (tokens x hidden) without autograd: what the chunked loss (dsnb/loss.py) makes
         chunk by chunk, its gradients through self.weight."""
-        y = matmul(padded(h.to(self.weight.dtype), self.weight8.shape[1]), self.weight8.view(torch.float8_e4m3fn).t(),
+        h = h.to(self.weight.dtype)
+        y = matmul(padded(h, self.weight8.shape[1]), self.weight8.view(torch.float8_e4m3fn).t(),
                    self.scale.float().view(1, -1), h.dtype, self.fast)
         return y[:, :self.out_features] if self.bias is None else y[:, :self.out_features] + self.bias
 

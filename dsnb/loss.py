@@ -29,7 +29,7 @@ import inspect
 import torch
 
 from .config import ConfigError
-from .fp8 import Fp8Head
+from .fp8 import TRAINED_HEAD, Fp8Head
 
 IGNORE = -100
 PLAIN_HEADS = ("llama", "mistral", "qwen2", "qwen3")  # CausalLM forward: lm_head(last_hidden_state), nothing after it
@@ -159,6 +159,8 @@ class ChunkedForward:
             raise ConfigError("loss_chunk computes the head from its own weight, and the head is now a "
                               f"{type(model.lm_head).__name__} (a LoRA target?); leave lm_head out of lora_targets "
                               "or set loss_chunk 0")
+        if type(head) is Fp8Head and head.weight.requires_grad:  # its gradient here would leave the fp8 copy behind
+            raise ConfigError(TRAINED_HEAD)
         out = model.model(*args, **kwargs)
         loss = head_loss(out.last_hidden_state, head.weight, labels, kwargs.get("num_items_in_batch"), self.chunk,
                          head if type(head) is Fp8Head else None)

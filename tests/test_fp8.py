@@ -336,6 +336,14 @@ def test_a_head_that_trains_is_refused_rather_than_left_behind_its_fp8_copy():
     y = head(torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True))
     with pytest.raises(ConfigError, match="the head cannot train .*; set fp8_head false"):
         y.sum().backward()
+    from dsnb.loss import chunk_the_loss  # the chunked loss, which makes the head's gradients itself, refuses it too
+
+    model = tiny(176)
+    fp8.quantize_linears(model)
+    chunk_the_loss(model, 8)
+    ids = torch.randint(2, 400, (1, 12))
+    with pytest.raises(ConfigError, match="the head cannot train .*; set fp8_head false"):
+        model(input_ids=ids, labels=ids)
 
 
 @pytest.mark.parametrize("head", [True, False])
