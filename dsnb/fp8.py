@@ -87,6 +87,20 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def quantize_padded(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows of weight (out x in) with zero rows and columns up to multiples of ALIGN (Fp8Linear, Fp8Head)."""
+    rows, columns = weight.shape
+    return quantize_rows(torch.nn.functional.pad(weight.detach(), (0, aligned(columns) - columns,
+                                                                   0, aligned(rows) - rows)))
+
+
+def forward_matmul(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor, out_features: int, fast: bool):
+    """x (... x in) times the padded fp8 weight w8 (row-major, as stored) transposed, cut to out_features: y with x's
+    leading shape, in x's dtype."""
+    y = matmul(padded(x.reshape(-1, x.shape[-1]), w8.shape[1]), w8.t(), w_scale.view(1, -1), x.dtype, fast)
+    return y[:, :out_features].view(*x.shape[:-1], out_features)
+
+
 def padded(t: torch.Tensor, width: int) -> torch.Tensor:
     """t with zero columns added to its last dimension up to width (t itself where it is that wide)."""
     return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]))
@@ -101,9 +115,7 @@ class Fp8Matmul(torch.autograd.Function):
     def forward(ctx, x, w8, w_scale, out_features, fast_forward, fast_backward):
         ctx.save_for_backward(w8, w_scale)
         ctx.lead, ctx.in_features, ctx.fast_backward = x.shape[:-1], x.shape[-1], fast_backward
-        y = matmul(padded(x.reshape(-1, x.shape[-1]), w8.shape[1]), w8.t(), w_scale.view(1, -1), x.dtype,
-                   fast_forward)
-        return y[:, :out_features].view(*x.shape[:-1], out_features)
+        return forward_matmul(x, w8, w_scale, out_features, fast_forward)
 
     @staticmethod
     def backward(ctx, dy):
@@ -130,9 +142,7 @@ class Fp8Linear(torch.nn.Linear):
         self.fast_accum = fast_accum  # which passes take fast accumulation: both, forward or none (RunConfig)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = linear.weight.dtype
-        weight = torch.nn.functional.pad(linear.weight.detach(), (0, aligned(self.in_features) - self.in_features,
-                                                                  0, aligned(self.out_features) - self.out_features))
-        w8, scale = quantize_rows(weight)
+        w8, scale = quantize_padded(linear.weight)
         self.weight = torch.nn.Parameter(w8.view(torch.uint8), requires_grad=False)
         self.weight.unpadded_numel = self.in_features * self.out_features  # what model.count_parameters counts
         self.register_buffer("scale", scale.view(-1))
@@ -159,8 +169,7 @@ class Fp8HeadMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, w8, w_scale, fast):
         ctx.save_for_backward(weight)
-        y = matmul(padded(x.reshape(-1, x.shape[-1]), w8.shape[1]), w8.t(), w_scale.view(1, -1), x.dtype, fast)
-        return y[:, :weight.shape[0]].view(*x.shape[:-1], weight.shape[0])
+        return forward_matmul(x, w8, w_scale, weight.shape[0], fast)
 
     @staticmethod
     def backward(ctx, dy):
@@ -181,8 +190,7 @@ class Fp8Head(torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features, self.fast = head.in_features, head.out_features, fast
         self.weight, self.bias = head.weight, head.bias
-        w8, scale = quantize_rows(torch.nn.functional.pad(head.weight.detach(), (
-            0, aligned(self.in_features) - self.in_features, 0, aligned(self.out_features) - self.out_features)))
+        w8, scale = quantize_padded(head.weight)
         self.register_buffer("weight8", w8.view(torch.uint8), persistent=False)
         self.register_buffer("scale", scale.view(-1), persistent=False)
 
@@ -194,10 +202,9 @@ class Fp8Head(torch.nn.Linear):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The forward's logits of h (tokens x hidden) without autograd: what the chunked loss (dsnb/loss.py) makes
         chunk by chunk, its gradients through self.weight."""
-        h = h.to(self.weight.dtype)
-        y = matmul(padded(h, self.weight8.shape[1]), self.weight8.view(torch.float8_e4m3fn).t(),
-                   self.scale.float().view(1, -1), h.dtype, self.fast)
-        return y[:, :self.out_features] if self.bias is None else y[:, :self.out_features] + self.bias
+        y = forward_matmul(h.to(self.weight.dtype), self.weight8.view(torch.float8_e4m3fn), self.scale.float(),
+                           self.out_features, self.fast)
+        return y if self.bias is None else y + self.bias
 
 
 def quantize_linears(model: torch.nn.Module, fast_accum: str = "both", head: bool = True) -> int:
