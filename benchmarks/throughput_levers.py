@@ -16,6 +16,9 @@ LEVER is one of:
   now      the bench's throughput_compiled as it is (12 rows of 1024 tokens, the passage prompt), LoRA's dropout masks
            drawn by dsnb's own kernel, four to a Philox call (dsnb/dropout.py)
   inddrop  now with inductor's dropout instead, one Philox call an element inside the kernel that uses the mask
+  repeatkv now with transformers' own flex attention, which copies each key/value head for its group of query heads
+           where the query heads are not a power of two (the 3B's 24 over 8), as dsnb did before
+           model.attend_to_grouped_heads
   fp8      now with the frozen weights in fp8 (quantization fp8: every Linear but the LM head, fp8_head false) as dsnb
            ran it before fp8_head: fast accumulation in both passes (fp8_fast_accum both; measured as fp8fast before it
            was the default). dsnb's default since makes the head's forward fp8 too (fp8_head; fp8_head_h100.md)
@@ -44,8 +47,8 @@ def main() -> None:
     from dsnb.bench import bench_configs
 
     p = argparse.ArgumentParser()
-    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "fp8",
-                                     "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24"))
+    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "repeatkv",
+                                     "fp8", "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -56,6 +59,11 @@ def main() -> None:
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
     if a.lever in ("now", "inddrop"):
         return record(a, train.train(cfg.replace(dropout_kernel=a.lever == "now")))
+    if a.lever == "repeatkv":
+        from dsnb import model
+
+        model.attend_to_grouped_heads = lambda: None  # transformers' flex_attention_forward stays registered
+        return record(a, train.train(cfg))
     if a.lever in ("chunk", "chunk24"):
         rows = 2 * cfg.batch_size if a.lever == "chunk24" else cfg.batch_size
         return record(a, train.train(cfg.replace(loss_chunk=1024, batch_size=rows)))

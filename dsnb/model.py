@@ -291,6 +291,7 @@ def load_base(cfg: RunConfig, device: str, path: str | None = None):
     if cfg.attention == "flex":
         kwargs["attn_implementation"] = "flex_attention"
         build_block_masks_in_graph()
+        attend_to_grouped_heads()
     if cfg.quantization == "8bit":
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
     elif cfg.quantization == "4bit":
@@ -348,6 +349,35 @@ def build_block_masks_in_graph() -> None:
                      **kwargs)
 
     masking_utils.AttentionMaskInterface.register("flex_attention", block_mask)
+
+
+def attend_to_grouped_heads() -> None:
+    """Flex attention reads each key/value head once for its group of query heads (enable_gqa).
+
+    transformers' flex attention copies every key and value head for each query head of its group when the query heads
+    are not a power of two (for tensor parallelism's splits): the 3B shape's 24 heads over 8 key/value heads. That
+    writes three times the keys and values, keeps those copies for the backward, and sums their gradients back. Flex
+    attention takes grouped heads itself; the same attention, without the copies. Masks other than a BlockMask,
+    soft-capping, sinks, biases and dropout take transformers' own path."""
+    from torch.nn.attention.flex_attention import BlockMask
+    from transformers import AttentionInterface
+    from transformers.integrations import flex_attention as hf
+
+    stock = hf.flex_attention_forward
+
+    def attend(module, query, key, value, attention_mask, scaling=None, softcap=None, s_aux=None, position_bias=None,
+               **kwargs):
+        heads, kv_heads = query.shape[1], key.shape[1]
+        if (not isinstance(attention_mask, BlockMask) or softcap is not None or s_aux is not None
+                or position_bias is not None or kwargs.get("dropout", 0.0) > 0 or heads % kv_heads):
+            return stock(module, query, key, value, attention_mask, scaling=scaling, softcap=softcap, s_aux=s_aux,
+                         position_bias=position_bias, **kwargs)
+        out = hf.compile_friendly_flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
+                                                 enable_gqa=heads != kv_heads, training=module.training,
+                                                 kernel_options=kwargs.get("kernel_options"))
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("flex_attention", attend)
 
 
 @contextlib.contextmanager

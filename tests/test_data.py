@@ -196,6 +196,47 @@ def test_flex_attention_gives_packed_rows_the_padded_batch_its_loss_in_one_graph
     assert flex.config._attn_implementation == "flex_attention"  # back to flex for training
 
 
+def test_flex_attention_reads_grouped_key_value_heads_once_with_the_same_loss(monkeypatch):
+    """attention flex on a model whose query heads are not a power of two (the 3B's 24 over 8 key/value heads):
+    transformers' path copies each key/value head for its group; dsnb's hands flex the grouped heads as they are
+    (enable_gqa). The same loss, compiled as training runs it and eager, with no copy made (forward: the CPU has no
+    flex backward; the trained step's loss was compared on the GPU, throughput_levers.py repeatkv)."""
+    import torch
+    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+    from transformers.integrations import flex_attention as hf
+
+    from dsnb.model import attend_to_grouped_heads, build_block_masks_in_graph
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "flex_attention", hf.flex_attention_forward)
+    copies = []
+    repeat_kv = hf.repeat_kv
+    monkeypatch.setattr(hf, "repeat_kv", lambda x, n: copies.append(n) or repeat_kv(x, n))
+    build_block_masks_in_graph()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=96, intermediate_size=192, num_hidden_layers=2, vocab_size=256,
+                                         num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+                                         attn_implementation="flex_attention")).eval()
+    ids = torch.randint(0, 256, (2, 256))
+    positions = torch.cat([torch.arange(100), torch.arange(156)]).repeat(2, 1)  # two samples packed in each row
+    batch = dict(input_ids=ids, position_ids=positions, labels=ids)
+
+    def losses():
+        torch._dynamo.reset()
+        with torch.no_grad():
+            return float(model(**batch).loss), float(torch.compile(model, dynamic=False)(**batch).loss)
+
+    stock = losses()
+    assert copies and set(copies) == {3}  # each key/value head copied for its 3 query heads, eager and traced
+    copies.clear()
+    attend_to_grouped_heads()
+    ours = losses()
+    assert not copies
+    assert ours == pytest.approx(stock, rel=1e-5) and stock[0] == pytest.approx(stock[1], rel=1e-5)
+    model.set_attn_implementation("sdpa")  # and the block mask kept samples apart, as SDPA's packed mask does
+    with torch.no_grad():
+        assert float(model(**batch).loss) == pytest.approx(stock[0], rel=1e-5)
+
+
 def test_local_files_in_every_format(tmp_path):
     rows = synthetic_squad(6)
     paths = {}
