@@ -18,7 +18,8 @@ import time_vs_measured as T  # noqa: E402  (this folder's sibling script: the r
 from dsnb.advise import FIT_MARGIN, Machine, advise, judge  # noqa: E402
 from dsnb.config import RunConfig  # noqa: E402
 from dsnb.data import build_dataset  # noqa: E402
-from dsnb.estimate import estimate_memory, row_length, tokens_per_micro_batch, trainable_params  # noqa: E402
+from dsnb.estimate import (estimate_memory, kv_copies, row_length, tokens_per_micro_batch,  # noqa: E402
+                           trainable_params)
 from dsnb.model import load_tokenizer  # noqa: E402
 
 # (listing, run): (the figures code since replaced measured, why)
@@ -64,10 +65,16 @@ def masks(num_samples: int, max_length: int, prompt: str) -> dict:
     return {"attention_mask": build_dataset(cfg, tokenizer)["attention_mask"]}
 
 
-def estimate(cfg: RunConfig) -> dict:
+def estimate(cfg: RunConfig, copied_kv: bool = False) -> dict:
+    """dsnb's estimate of cfg; copied_kv: the run held transformers' copies of grouped key/value heads (made before
+    dsnb handed flex attention the grouped heads, or throughput_levers.py repeatkv), which today's estimate leaves out
+    (estimate.kv_copies): they are added to its activations and its peak (these runs' peak is the backward's start)."""
     config, data = T.CONFIG(cfg.model), masks(cfg.num_samples, cfg.max_length, cfg.prompt)
-    return estimate_memory(cfg, config, trainable_params(cfg, config), tokens_per_micro_batch(cfg, data),
-                           cfg.num_gpus, row_length(cfg, data))
+    tokens = tokens_per_micro_batch(cfg, data)
+    est = estimate_memory(cfg, config, trainable_params(cfg, config), tokens, cfg.num_gpus, row_length(cfg, data))
+    copies = kv_copies(cfg, config) * tokens * config.num_hidden_layers * 2 / 2**20 if copied_kv else 0.0  # bf16
+    return {**est, "est_activations_mb": est["est_activations_mb"] + copies,
+            "est_peak_gpu_mb": est["est_peak_gpu_mb"] + copies}
 
 
 def runs() -> list[dict]:
@@ -98,7 +105,8 @@ def row(name, source, cfg, status, gpu, host, step_ms) -> dict:
     if status != "FINISHED":
         why = f"ran out of memory in its {cfg.memory_budget_gb:g} GB cap (what it reached, not a peak): judged for fits"
     return dict(name=name, source=source, cfg=cfg, status=status, gpu=gpu, host=host,
-                step=step_ms / 1000 if step_ms else None, estimate=estimate(cfg), stale=stale, why=why)
+                step=step_ms / 1000 if step_ms else None, estimate=estimate(cfg, T.copied_kv(source, name)),
+                stale=stale, why=why)
 
 
 def errors(rows: list[dict], what: str) -> list[tuple[tuple[str, str], float]]:
@@ -220,8 +228,12 @@ per process), made on the CPU from each run's config as `benchmarks/time_vs_meas
 lengths in the prompt it trained on. Measured: each run's `peak_gpu_allocated_mb` and `peak_cpu_rss_mb` (the median
 over the repeats of one variant in one listing of `h200_runs/` or `h100_runs/`; several GPUs: the largest rank's), or
 the results file named. An error in parentheses was measured by code since replaced (the note says how) and is left
-out of the figures. advise calls a variant "fits" where its GPU estimate, {margin:.0%} above it, fits the budget; the
-false "fits" count judges every run against every budget below.
+out of the figures. The 3B shape's flex-attention runs made before dsnb handed flex the grouped key/value heads
+(all but h100_runs/gqa.jsonl's throughput_now and fp8_head_call3-4's) held transformers' copies of them: their estimate
+adds those copies (2 (q - kv) elements a token and layer, `estimate.kv_copies`; 2,688 MB in the throughput mode),
+as throughput_levers.py repeatkv measured them beside today's path (gqa_h100.md). advise calls a variant "fits" where
+its GPU estimate, {margin:.0%} above it, fits the budget; the false "fits" count judges every run against every budget
+below.
 """
 RANKING_HEADER = """
 ## The ranking against the measured speeds

@@ -220,7 +220,24 @@ H100_ROWS += [(f"t4_fast_chunk{chunk}", "h100_runs/chunkloss_call6.jsonl", None,
                T4_FAST.replace(untimed_steps=10, loss_chunk=chunk)) for chunk in (0, 1024)]
 H100_ROWS += [("throughput_bf16_cold1", "h100_runs/fp8_head.jsonl", None, FP8_FAST_H100),
               ("throughput_fp8_cold1", "h100_runs/fp8_head.jsonl", None, FP8_FAST_H100.replace(quantization="fp8"))]
+# 2026-12-06's third session (one H100 start, four calls): dsnb's grouped key/value heads for flex attention against
+# transformers' copies (throughput_levers.py now and repeatkv; gqa_h100.md), then two more cold pairs of fp8 with its
+# head beside bf16 (fp8_head_h100.md calls 3 and 4)
+H100_ROWS += [(name, "h100_runs/gqa.jsonl", None, THROUGHPUT_H100)
+              for name in ("throughput_now", "throughput_repeatkv")]
+H100_ROWS += [(name, f"h100_runs/fp8_head_call{call}.jsonl", None, cfg) for call in (3, 4) for name, cfg in (
+    ("throughput_bf16_cold1", FP8_FAST_H100), ("throughput_fp8_cold1", FP8_FAST_H100.replace(quantization="fp8")))]
 ROWS += H100_ROWS
+# The listings made since dsnb hands flex attention the grouped key/value heads (model.attend_to_grouped_heads): every
+# earlier flex run held transformers' copies of them where the query heads are not a power of two (the 3B's 24), as
+# throughput_levers.py repeatkv does (estimate.kv_copies; gqa_h100.md)
+GROUPED_HEADS = ("h100_runs/gqa.jsonl", "h100_runs/fp8_head_call3.jsonl", "h100_runs/fp8_head_call4.jsonl")
+
+
+def copied_kv(source: str, name: str) -> bool:
+    return source not in GROUPED_HEADS or name == "throughput_repeatkv"
+
+
 T4_SOURCE = "the tutorial's T4 runs"
 NOT_REBUILT = {("bench.jsonl", "throughput_compiled"): "the throughput mode of 2026-11-30 (256 samples packed, SDPA), "
                "whose timed steps recompiled (12 and 98 samples/s; nvidia_h200.md): no steady step to compare",
@@ -246,7 +263,9 @@ NOT_TIMED = {"fp8_quality.jsonl": "the quality task's runs (synthetic:small, sec
              "h100_runs/throughput_levers.jsonl": "the lines throughput_levers.py printed for the runs of "
              "h100_runs/fp8head.jsonl and fp8head_call4.jsonl, compared there",
              "h100_runs/chunkloss_levers.jsonl": "the lines throughput_levers.py printed for the runs of "
-             "h100_runs/chunkloss_call1.jsonl and chunkloss_call3.jsonl, compared there"}
+             "h100_runs/chunkloss_call1.jsonl and chunkloss_call3.jsonl, compared there",
+             "h100_runs/gqa_levers.jsonl": "the lines throughput_levers.py printed for the runs of h100_runs/gqa.jsonl "
+             "(compared there) and for call 2's repeatkv, whose store was not listed (gqa_h100.md)"}
 # Runs whose step did work that today's code no longer does, with no field to rebuild it: listed, not fitted, not held
 # to the targets (the commits that removed the work are in the git log of 2026-12-01).
 MLFLOW_PER_STEP = ("its compiled step wrote the loss to MLflow every step (10-34 ms a write, as much as the step "

@@ -27,9 +27,11 @@ whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% o
   activations  per token and layer (layer_activations), in the compute dtype: both norms' inputs, queries, keys and
                values after RoPE, the attention's output, SwiGLU's gate, up, activation and product (3 h + q +
                2 kv + 4 i), each LoRA adapter's dropped-out input, full fine-tuning's projection inputs (2 h),
-               and 3.4 h more in the eager loop; with 8-bit weights (1.6 h + i) half-precision elements that
-               bitsandbytes keeps. Logits: V x (2 + 4 + 4) bytes per token (logits, their fp32 upcast for the
-               loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast into the log-softmax).
+               and 3.4 h more in the eager loop, 2 (q - kv) less with flex attention where transformers copied
+               grouped key/value heads when the count was fitted (kv_copies); with 8-bit weights (1.6 h + i)
+               half-precision elements that bitsandbytes keeps. Logits: V x (2 + 4 + 4) bytes per token (logits,
+               their fp32 upcast for the loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast into
+               the log-softmax).
                Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without.
                With loss_chunk, less what chunking frees, one chunk's and the hidden states' gradient (logits_bytes)
   ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
@@ -169,13 +171,13 @@ def layer_activations(cfg: RunConfig, config) -> float:
     dropped-out input (peft draws one per adapter); under full fine-tuning the inputs of the projections besides;
     and the eager loop's own (the norms' fp32 upcasts, dropout masks). Fitted: compiled LoRA on q/v of the 3B shape
     (the throughput mode, 12,288 tokens a micro-batch: 47,104 counted against 47,072 measured without dropout, and the
-    dropout's 2 x 3,072 against 6,028), and the eager extra on the fast recipe under the Trainer."""
+    dropout's 2 x 3,072 against 6,028), and the eager extra on the fast recipe under the Trainer; less kv_copies."""
     h, inter = config.hidden_size, config.intermediate_size
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or h // heads
     q, kv = heads * head_dim, kv * head_dim
-    core = 3 * h + q + 2 * kv + 4 * inter
+    core = 3 * h + q + 2 * kv + 4 * inter - kv_copies(cfg, config)
     if cfg.lora_r == 0:
         core += 2 * h  # the normed inputs of q/k/v and of gate/up (o's and down's are counted: attention, product)
     elif cfg.lora_dropout > 0:
@@ -183,6 +185,22 @@ def layer_activations(cfg: RunConfig, config) -> float:
         targets = inputs if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
         core += sum(inputs.get(t, 0) for t in targets)
     return core + (0 if cfg.torch_compile else EAGER_EXTRA * h)
+
+
+def kv_copies(cfg: RunConfig, config) -> int:
+    """Elements a token and layer that layer_activations' fitted count holds beyond flex attention over grouped heads.
+
+    The count was fitted on the 3B shape's flex runs while transformers copied each key and value head to its group's
+    query heads (its flex path does where the query heads are not a power of two: 24 over 8); dsnb hands flex the
+    grouped heads since (model.attend_to_grouped_heads). The 3B's throughput mode held 2,686 MB less on an H100
+    (gqa_h100.md): these copies, 2 (q - kv) elements a token and layer, exactly. Other paths keep the count as fitted
+    (the 1B's flex runs, 32 heads, never had copies and measured 1.7% above it)."""
+    heads = config.num_attention_heads
+    if cfg.attention != "flex" or not heads & (heads - 1):
+        return 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * (heads - kv_heads) * head_dim
 
 
 def trainable_bytes(cfg: RunConfig, load_bytes: int) -> int:

@@ -218,9 +218,9 @@ def rough_reasons(cfg: RunConfig, gpu: str, world: int) -> list[str]:
                               and cfg.dtype == "bf16" and cfg.strategy == "baseline" and world == 1
                               and cfg.padding in ("bucket", "filled")):
         reasons.append("an H100 is measured only on dsnb's compiled bf16 LoRA of the 1B and 3B shapes, padded to a "
-                       "multiple of 64 or in filled rows (10 runs, 1-11% under the estimate; fp8 weights once, 3% "
-                       "under; the colab_t4 preset's fp16 recipes 10-19% under; time_vs_measured_h200.md), the rest is "
-                       "the H200's figures scaled by datasheet peaks")
+                       "multiple of 64 or in filled rows (18 runs, from 11% under the estimate to 2% over; fp8 "
+                       "weights 7 runs, from 3% under to 4% over; the colab_t4 preset's fp16 recipes 10-19% under; "
+                       "time_vs_measured_h200.md), the rest is the H200's figures scaled by datasheet peaks")
     elif gpu not in ("H200", "T4", "H100"):
         reasons.append(f"the {gpu} is not measured, its figures are the H200's scaled by datasheet peaks")
     elif gpu == "T4" and (cfg.torch_compile or cfg.quantization != "8bit" or cfg.lora_r == 0
