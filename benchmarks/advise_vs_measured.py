@@ -72,7 +72,8 @@ def estimate(cfg: RunConfig, copied_kv: bool = False) -> dict:
     config, data = T.CONFIG(cfg.model), masks(cfg.num_samples, cfg.max_length, cfg.prompt)
     tokens = tokens_per_micro_batch(cfg, data)
     est = estimate_memory(cfg, config, trainable_params(cfg, config), tokens, cfg.num_gpus, row_length(cfg, data))
-    copies = kv_copies(cfg, config) * tokens * config.num_hidden_layers * 2 / 2**20 if copied_kv else 0.0  # bf16
+    act_bytes = 4 if cfg.dtype == "fp32" else 2  # as estimate_memory counts an activation
+    copies = kv_copies(cfg, config) * tokens * config.num_hidden_layers * act_bytes / 2**20 if copied_kv else 0.0
     return {**est, "est_activations_mb": est["est_activations_mb"] + copies,
             "est_peak_gpu_mb": est["est_peak_gpu_mb"] + copies}
 
@@ -229,7 +230,7 @@ lengths in the prompt it trained on. Measured: each run's `peak_gpu_allocated_mb
 over the repeats of one variant in one listing of `h200_runs/` or `h100_runs/`; several GPUs: the largest rank's), or
 the results file named. An error in parentheses was measured by code since replaced (the note says how) and is left
 out of the figures. The 3B shape's flex-attention runs made before dsnb handed flex the grouped key/value heads
-(all but h100_runs/gqa.jsonl's throughput_now and fp8_head_call3-4's) held transformers' copies of them: their estimate
+(every listing before h100_runs/gqa.jsonl, and its repeatkv) held transformers' copies of them: their estimate
 adds those copies (2 (q - kv) elements a token and layer, `estimate.kv_copies`; 2,688 MB in the throughput mode),
 as throughput_levers.py repeatkv measured them beside today's path (gqa_h100.md). advise calls a variant "fits" where
 its GPU estimate, {margin:.0%} above it, fits the budget; the false "fits" count judges every run against every budget

@@ -220,6 +220,10 @@ H100_ROWS += [(f"t4_fast_chunk{chunk}", "h100_runs/chunkloss_call6.jsonl", None,
                T4_FAST.replace(untimed_steps=10, loss_chunk=chunk)) for chunk in (0, 1024)]
 H100_ROWS += [("throughput_bf16_cold1", "h100_runs/fp8_head.jsonl", None, FP8_FAST_H100),
               ("throughput_fp8_cold1", "h100_runs/fp8_head.jsonl", None, FP8_FAST_H100.replace(quantization="fp8"))]
+# Every listing above was made while transformers copied grouped key/value heads for flex attention where the query
+# heads are not a power of two (the 3B's 24); dsnb hands flex the grouped heads since (model.attend_to_grouped_heads):
+# advise_vs_measured.py adds the copies back to those runs' estimates (estimate.kv_copies; gqa_h100.md)
+COPIED_KV = frozenset(source for _, source, _, _ in ROWS + H100_ROWS)
 # 2026-12-06's third session (one H100 start, four calls): dsnb's grouped key/value heads for flex attention against
 # transformers' copies (throughput_levers.py now and repeatkv; gqa_h100.md), then two more cold pairs of fp8 with its
 # head beside bf16 (fp8_head_h100.md calls 3 and 4)
@@ -228,14 +232,12 @@ H100_ROWS += [(name, "h100_runs/gqa.jsonl", None, THROUGHPUT_H100)
 H100_ROWS += [(name, f"h100_runs/fp8_head_call{call}.jsonl", None, cfg) for call in (3, 4) for name, cfg in (
     ("throughput_bf16_cold1", FP8_FAST_H100), ("throughput_fp8_cold1", FP8_FAST_H100.replace(quantization="fp8")))]
 ROWS += H100_ROWS
-# The listings made since dsnb hands flex attention the grouped key/value heads (model.attend_to_grouped_heads): every
-# earlier flex run held transformers' copies of them where the query heads are not a power of two (the 3B's 24), as
-# throughput_levers.py repeatkv does (estimate.kv_copies; gqa_h100.md)
-GROUPED_HEADS = ("h100_runs/gqa.jsonl", "h100_runs/fp8_head_call3.jsonl", "h100_runs/fp8_head_call4.jsonl")
 
 
 def copied_kv(source: str, name: str) -> bool:
-    return source not in GROUPED_HEADS or name == "throughput_repeatkv"
+    """Whether the run held transformers' copies of grouped key/value heads: made before dsnb stopped them, or
+    throughput_levers.py repeatkv (which runs transformers' own flex attention)."""
+    return source in COPIED_KV or name == "throughput_repeatkv"
 
 
 T4_SOURCE = "the tutorial's T4 runs"

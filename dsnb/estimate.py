@@ -194,11 +194,16 @@ def kv_copies(cfg: RunConfig, config) -> int:
     query heads (its flex path does where the query heads are not a power of two: 24 over 8); dsnb hands flex the
     grouped heads since (model.attend_to_grouped_heads). The 3B's throughput mode held 2,686 MB less on an H100
     (gqa_h100.md): these copies, 2 (q - kv) elements a token and layer, exactly. Other paths keep the count as fitted
-    (the 1B's flex runs, 32 heads, never had copies and measured 1.7% above it)."""
+    (the 1B's flex runs, 32 heads, never had copies and measured 1.7% above it), and so do rows under
+    model.FLEX_DECODING tokens where a group is not a power of two (dsnb leaves those to transformers' copies)."""
+    from .model import FLEX_DECODING
+
     heads = config.num_attention_heads
-    if cfg.attention != "flex" or not heads & (heads - 1):
-        return 0
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    group = heads // kv_heads
+    if (cfg.attention != "flex" or not heads & (heads - 1) or heads % kv_heads
+            or group & (group - 1) and cfg.max_length < FLEX_DECODING):
+        return 0
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2 * (heads - kv_heads) * head_dim
 

@@ -351,6 +351,9 @@ def build_block_masks_in_graph() -> None:
     masking_utils.AttentionMaskInterface.register("flex_attention", block_mask)
 
 
+FLEX_DECODING = 128  # rows shorter than this take flex attention's decoding kernel (inductor's choice)
+
+
 def attend_to_grouped_heads() -> None:
     """Flex attention reads each key/value head once for its group of query heads (enable_gqa).
 
@@ -358,7 +361,9 @@ def attend_to_grouped_heads() -> None:
     are not a power of two (for tensor parallelism's splits): the 3B shape's 24 heads over 8 key/value heads. That
     writes three times the keys and values, keeps those copies for the backward, and sums their gradients back. Flex
     attention takes grouped heads itself; the same attention, without the copies. Masks other than a BlockMask,
-    soft-capping, sinks, biases and dropout take transformers' own path."""
+    soft-capping, sinks, biases and dropout take transformers' own path; so do rows under FLEX_DECODING tokens where a
+    group's query heads are not a power of two: inductor takes flex's decoding kernel for them, which refused such
+    groups in torch releases before it learned to fall back (pytorch issue 151359)."""
     from torch.nn.attention.flex_attention import BlockMask
     from transformers import AttentionInterface
     from transformers.integrations import flex_attention as hf
@@ -368,8 +373,10 @@ def attend_to_grouped_heads() -> None:
     def attend(module, query, key, value, attention_mask, scaling=None, softcap=None, s_aux=None, position_bias=None,
                **kwargs):
         heads, kv_heads = query.shape[1], key.shape[1]
+        group = heads // kv_heads
         if (not isinstance(attention_mask, BlockMask) or softcap is not None or s_aux is not None
-                or position_bias is not None or kwargs.get("dropout", 0.0) > 0 or heads % kv_heads):
+                or position_bias is not None or kwargs.get("dropout", 0.0) > 0 or heads % kv_heads
+                or group & (group - 1) and query.shape[2] < FLEX_DECODING):
             return stock(module, query, key, value, attention_mask, scaling=scaling, softcap=softcap, s_aux=s_aux,
                          position_bias=position_bias, **kwargs)
         out = hf.compile_friendly_flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,

@@ -235,6 +235,22 @@ def test_flex_attention_reads_grouped_key_value_heads_once_with_the_same_loss(mo
     model.set_attn_implementation("sdpa")  # and the block mask kept samples apart, as SDPA's packed mask does
     with torch.no_grad():
         assert float(model(**batch).loss) == pytest.approx(stock[0], rel=1e-5)
+    # called as a layer calls it: its own scale, in training mode, and rows too short for flex's decoding kernel with
+    # groups of 3 (refused by older torch) left to transformers' copies
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    attend = AttentionInterface._global_mapping["flex_attention"]
+    layer = model.model.layers[0].self_attn.train()
+    for length, copied in ((256, False), (64, True)):
+        q, k, v = torch.randn(2, 6, length, 16), torch.randn(2, 2, length, 16), torch.randn(2, 2, length, 16)
+        mask = create_block_mask(lambda b, h, i, j: i >= j, 2, None, length, length, device="cpu")
+        copies.clear()
+        with torch.no_grad():
+            ours, weights = attend(layer, q, k, v, mask, scaling=0.3)
+            assert bool(copies) == copied and weights is None and ours.shape == (2, length, 6, 16)
+            theirs = hf.flex_attention_forward(layer, q, k, v, mask, scaling=0.3)[0]
+        assert torch.allclose(ours, theirs, atol=1e-5)
+        assert not torch.allclose(ours, attend(layer, q, k, v, mask, scaling=0.25)[0], atol=1e-3)
 
 
 def test_local_files_in_every_format(tmp_path):
