@@ -75,6 +75,7 @@ import random
 
 from .config import RunConfig
 from .data import BUCKET, best_fit, packed_rows
+from .model import FLEX_DECODING
 from .zero import overlap_comm
 
 MB = 2**20
@@ -196,8 +197,6 @@ def kv_copies(cfg: RunConfig, config) -> int:
     (gqa_h100.md): these copies, 2 (q - kv) elements a token and layer, exactly. Other paths keep the count as fitted
     (the 1B's flex runs, 32 heads, never had copies and measured 1.7% above it), and so do rows under
     model.FLEX_DECODING tokens where a group is not a power of two (dsnb leaves those to transformers' copies)."""
-    from .model import FLEX_DECODING
-
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     group = heads // kv_heads
