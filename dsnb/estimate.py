@@ -194,8 +194,8 @@ def kv_copies(cfg: RunConfig, config) -> int:
     The count was fitted on the 3B shape's flex runs while transformers copied each key and value head to its group's
     query heads (its flex path does where the query heads are not a power of two: 24 over 8); dsnb hands flex the
     grouped heads since (model.attend_to_grouped_heads). The 3B's throughput mode held 2,686 MB less on an H100
-    (gqa_h100.md): these copies, 2 (q - kv) elements a token and layer, exactly. Other paths keep the count as fitted
-    (the 1B's flex runs, 32 heads, never had copies and measured 1.7% above it), and so do rows under
+    (gqa_h100.md): within 2 MB of these copies, 2 (q - kv) elements a token and layer. Other paths keep the count as
+    fitted (the 1B's flex runs, 32 heads, never had copies and measured 1.7% above it), and so do rows under
     model.FLEX_DECODING tokens where a group is not a power of two (dsnb leaves those to transformers' copies)."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
