@@ -18,8 +18,8 @@ import time_vs_measured as T  # noqa: E402  (this folder's sibling script: the r
 from dsnb.advise import FIT_MARGIN, Machine, advise, judge  # noqa: E402
 from dsnb.config import RunConfig  # noqa: E402
 from dsnb.data import build_dataset  # noqa: E402
-from dsnb.estimate import (estimate_memory, kv_copies, row_length, tokens_per_micro_batch,  # noqa: E402
-                           trainable_params)
+from dsnb.estimate import (MB, activation_bytes, estimate_memory, kv_copies, row_length,  # noqa: E402
+                           tokens_per_micro_batch, trainable_params)
 from dsnb.model import load_tokenizer  # noqa: E402
 
 # (listing, run): (the figures code since replaced measured, why)
@@ -72,8 +72,7 @@ def estimate(cfg: RunConfig, copied_kv: bool = False) -> dict:
     config, data = T.CONFIG(cfg.model), masks(cfg.num_samples, cfg.max_length, cfg.prompt)
     tokens = tokens_per_micro_batch(cfg, data)
     est = estimate_memory(cfg, config, trainable_params(cfg, config), tokens, cfg.num_gpus, row_length(cfg, data))
-    act_bytes = 4 if cfg.dtype == "fp32" else 2  # as estimate_memory counts an activation
-    copies = kv_copies(cfg, config) * tokens * config.num_hidden_layers * act_bytes / 2**20 if copied_kv else 0.0
+    copies = kv_copies(cfg, config) * tokens * config.num_hidden_layers * activation_bytes(cfg) / MB if copied_kv else 0
     return {**est, "est_activations_mb": est["est_activations_mb"] + copies,
             "est_peak_gpu_mb": est["est_peak_gpu_mb"] + copies}
 

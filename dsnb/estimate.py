@@ -75,7 +75,7 @@ import random
 
 from .config import RunConfig
 from .data import BUCKET, best_fit, packed_rows
-from .model import FLEX_DECODING
+from .model import grouped_flex
 from .zero import overlap_comm
 
 MB = 2**20
@@ -118,7 +118,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     the largest of three moments: a backward (activations alive, gradients arriving), the optimizer's step (the
     activations gone, its transient copies made) and, under ZeRO-1/2, the start (the weights copied flat)."""
     h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    act_bytes = 4 if cfg.dtype == "fp32" else 2  # one element of an activation (the compute dtype)
+    act_bytes = activation_bytes(cfg)
     weights, load_bytes = weight_bytes(cfg, config, trainable)
     held = held_bytes(cfg, config, trainable, world_size, weights, load_bytes)
     per_token_layer = layer_activations(cfg, config) * act_bytes + (
@@ -146,6 +146,11 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
             "est_grads_mb": held["backward_grads"] / MB,
             "est_optimizer_mb": (step - held["weights"] - held["grads"]) / MB,
             "est_optimizer_states_mb": held["all_states"] / MB, "est_activations_mb": activations / MB}
+
+
+def activation_bytes(cfg: RunConfig) -> int:
+    """Bytes of one element of an activation (the compute dtype)."""
+    return 4 if cfg.dtype == "fp32" else 2
 
 
 def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
@@ -195,13 +200,11 @@ def kv_copies(cfg: RunConfig, config) -> int:
     query heads (its flex path does where the query heads are not a power of two: 24 over 8); dsnb hands flex the
     grouped heads since (model.attend_to_grouped_heads). The 3B's throughput mode held 2,686 MB less on an H100
     (gqa_h100.md): within 2 MB of these copies, 2 (q - kv) elements a token and layer. Other paths keep the count as
-    fitted (the 1B's flex runs, 32 heads, never had copies and measured 1.7% above it), and so do rows under
-    model.FLEX_DECODING tokens where a group is not a power of two (dsnb leaves those to transformers' copies)."""
+    fitted (the 1B's flex runs, 32 heads, never had copies and measured 1.7% above it), and so do the rows dsnb leaves
+    to transformers' copies (model.grouped_flex: short rows whose groups are not a power of two)."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    group = heads // kv_heads
-    if (cfg.attention != "flex" or not heads & (heads - 1) or heads % kv_heads
-            or group & (group - 1) and cfg.max_length < FLEX_DECODING):
+    if cfg.attention != "flex" or not heads & (heads - 1) or not grouped_flex(heads, kv_heads, cfg.max_length):
         return 0
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2 * (heads - kv_heads) * head_dim

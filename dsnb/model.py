@@ -354,6 +354,13 @@ def build_block_masks_in_graph() -> None:
 FLEX_DECODING = 128  # rows shorter than this take flex attention's decoding kernel (inductor's choice)
 
 
+def grouped_flex(heads: int, kv_heads: int, length: int) -> bool:
+    """Whether dsnb's flex attention (attend_to_grouped_heads) hands these heads to flex grouped, as they are, for rows
+    of length tokens: whole groups, and no group of a size other than a power of two under FLEX_DECODING tokens."""
+    group = heads // kv_heads
+    return heads % kv_heads == 0 and not (group & (group - 1) and length < FLEX_DECODING)
+
+
 def attend_to_grouped_heads() -> None:
     """Flex attention reads each key/value head once for its group of query heads (enable_gqa).
 
@@ -373,10 +380,9 @@ def attend_to_grouped_heads() -> None:
     def attend(module, query, key, value, attention_mask, scaling=None, softcap=None, s_aux=None, position_bias=None,
                **kwargs):
         heads, kv_heads = query.shape[1], key.shape[1]
-        group = heads // kv_heads
         if (not isinstance(attention_mask, BlockMask) or softcap is not None or s_aux is not None
-                or position_bias is not None or kwargs.get("dropout", 0.0) > 0 or heads % kv_heads
-                or group & (group - 1) and query.shape[2] < FLEX_DECODING):
+                or position_bias is not None or kwargs.get("dropout", 0.0) > 0
+                or not grouped_flex(heads, kv_heads, query.shape[2])):
             return stock(module, query, key, value, attention_mask, scaling=scaling, softcap=softcap, s_aux=s_aux,
                          position_bias=position_bias, **kwargs)
         out = hf.compile_friendly_flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
