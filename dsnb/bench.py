@@ -154,7 +154,7 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
                      "python -m dsnb bench")  # a --tracking_uri's credentials masked: the result is committed
     result = {"gpu": gpu, "command": command, "untimed_steps": untimed, "timed_steps": steps, "gpus_side_by_side": gpus,
               "mfu_convention": "model FLOPs per real token (6N full, 4N + 6N_trainable LoRA; N = matmul weights) "
-                                "/ dense bf16 datasheet peak",
+                                "/ dense bf16 datasheet peak (the CPU: its nominal fp32 peak)",
               "variants": rows, **({"continued": continued} if continued else {})}
     os.makedirs(out_dir, exist_ok=True)  # each file whole, none over another's (a bench finished into --out meanwhile)
     written = [preflight.write_new(stem + ".md", markdown(result)),

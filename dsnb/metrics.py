@@ -8,7 +8,8 @@
 MFU convention: model FLOPs per real (non-padding) token = 6 N for full fine-tuning and 4 N + 6 N_trainable
 with LoRA (forward 2 N, input gradients 2 N, weight gradients only for trained weights), where N counts
 the weights of every matrix multiply (attention and MLP projections and the LM head; attention scores
-and embedding lookups left out), divided by the device's dense bf16/fp16 peak from its datasheet.
+and embedding lookups left out), divided by the device's dense bf16/fp16 peak from its datasheet (on the CPU, its
+nominal fp32 peak: cpu_peak_flops).
 """
 from __future__ import annotations
 
@@ -203,19 +204,19 @@ def flops_per_token(config, trainable: int, full: bool) -> float:
 
 
 def peak_flops(device: str) -> tuple[float, str]:
-    """(FLOP/s, source): the datasheet peak of a known GPU, else a measured matmul rate."""
+    """(FLOP/s, source): a known GPU's datasheet peak, the CPU's nominal peak, else an unknown GPU's measured matmul
+    rate. Every run on one machine divides by the same figure, so MFU's ratios follow the speed's: a rate measured
+    per run on a CPU swung 3x with what else the machine ran."""
     import torch
 
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name(device)
-        for key, flops in GPU_PEAK_FLOPS.items():
-            if key in name:
-                return flops, f"datasheet dense bf16 ({name})"
-        dtype, size = torch.bfloat16, 8192
-    else:
-        dtype, size = torch.float32, 1024
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    if not device.startswith("cuda"):
+        return cpu_peak_flops(torch.get_num_threads())
+    name = torch.cuda.get_device_name(device)
+    for key, flops in GPU_PEAK_FLOPS.items():
+        if key in name:
+            return flops, f"datasheet dense bf16 ({name})"
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     a @ b
     sync(device)
     start, reps = time.perf_counter(), 0
@@ -223,8 +224,36 @@ def peak_flops(device: str) -> tuple[float, str]:
         a @ b
         reps += 1
         sync(device)
-    rate = 2 * size**3 * reps / (time.perf_counter() - start)
-    return rate, f"measured {str(dtype).split('.')[-1]} matmul {size}x{size} on {device}"
+    rate = 2 * 8192**3 * reps / (time.perf_counter() - start)
+    return rate, f"measured bfloat16 matmul 8192x8192 on {device}"
+
+
+def cpu_peak_flops(threads: int, cpuinfo: str = "/proc/cpuinfo") -> tuple[float, str]:
+    """The CPU's nominal fp32 peak for `threads` threads: each at the clock the kernel reports (its highest, or the
+    first core's MHz where there is none), doing two fused multiply-adds a cycle as wide as the widest vector unit it
+    names (AVX-512: 64 FLOP a cycle, AVX2 with FMA: 32, else 16). A nominal figure, not this machine's measured best:
+    what MFU on a CPU means is a share of it, the same for every run here."""
+    flags, mhz = set(), 0.0
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+                elif key.strip() == "cpu MHz" and not mhz:
+                    mhz = float(value)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+            mhz = int(f.read()) / 1000  # kHz
+    except (OSError, ValueError):
+        pass
+    mhz = mhz or 2000.0
+    unit, per_cycle = ("AVX-512", 64) if "avx512f" in flags else ("AVX2 FMA", 32) if {"avx2", "fma"} <= flags else \
+        ("128-bit", 16)
+    return (threads * mhz * 1e6 * per_cycle,
+            f"nominal fp32: {threads} threads x {mhz / 1000:.2f} GHz x {per_cycle} FLOP a cycle ({unit})")
 
 
 def sync(device: str) -> None:

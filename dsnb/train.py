@@ -35,7 +35,8 @@ from .timing import describe_time, faster_settings, gpu_class, minutes, pair_est
 from .zero import run_config
 
 MFU_CONVENTION = ("6N full / 4N+6N_trainable LoRA per real token, N=matmul weights, over the peak_flops param (a "
-                  "GPU's dense bf16 datasheet peak; fp8 weights: bf16-equivalent, fp8's own peak being 2x)")
+                  "GPU's dense bf16 datasheet peak, the CPU's nominal fp32 peak; fp8 weights: bf16-equivalent, fp8's "
+                  "own peak being 2x)")
 
 
 class Reporter:

@@ -54,6 +54,12 @@ def test_offline_compare_end_to_end(workdir):
         assert (workdir / "mlartifacts").is_dir() and not (workdir / "mlruns").exists()
     assert runs["With_DeepSpeed"].data.params["strategy"] == "zero2"
     assert runs["With_DeepSpeed"].data.params["offload_optimizer"] == "cpu"
+    # every run's MFU over one peak, the CPU's nominal one: its ratios are the speed's (one model's FLOPs a token)
+    every = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'")
+    assert len({(r.data.params["peak_flops"], r.data.params["peak_flops_source"]) for r in every}) == 1
+    assert every[0].data.params["peak_flops_source"].startswith("nominal fp32")
+    per_token = [r.data.metrics["mfu"] / r.data.metrics["tokens_per_second"] for r in every]
+    assert len(every) >= 2 and max(per_token) / min(per_token) - 1 < 1e-9, per_token
 
     done = dsnb("export", "-o", "out.zip", cwd=workdir)
     assert done.returncode == 0, done.stderr

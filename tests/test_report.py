@@ -1,6 +1,7 @@
 """What the reports say about runs, read back from a real MLflow store: answers joined on the question, the same-work
 check over every field that sets the work, and speed verdicts that name a busy machine and their false-alarm rate."""
 import json
+import os
 
 import mlflow
 
@@ -322,3 +323,29 @@ def test_mfu_beside_an_fp8_run_says_it_is_of_bf16s_peak_in_the_table(workdir):
                      "mfu_convention": "6N", "variants": rows})
     assert f"| 62.00%{FP8_MARK} |" in text and "| 50.00% |" in text
     assert f"{FP8_MARK} fp8 weights: of bf16's peak" in text
+
+
+def test_mfu_on_a_cpu_divides_by_one_nominal_peak_whatever_else_the_machine_runs(tmp_path):
+    """A CPU has no datasheet peak in dsnb's table. A matmul rate measured per run swung 3x with the machine's load, so
+    one comparison's MFU ratio (0.51x) disagreed with its speed ratio (0.72x): the peak is the CPU's nominal one,
+    read from /proc/cpuinfo (threads x clock x FLOP a cycle of its widest vector unit), the same while it is busy."""
+    import multiprocessing
+
+    from dsnb.metrics import cpu_peak_flops, peak_flops
+
+    for flags, per_cycle in (("fpu sse2 avx avx2 fma avx512f", 64), ("fpu sse2 avx avx2 fma", 32), ("fpu sse2", 16)):
+        (tmp_path / "cpuinfo").write_text(f"processor\t: 0\ncpu MHz\t\t: 2500.000\nflags\t\t: {flags}\n\n"
+                                          f"processor\t: 1\ncpu MHz\t\t: 1200.000\nflags\t\t: {flags}\n")
+        flops, source = cpu_peak_flops(4, str(tmp_path / "cpuinfo"))
+        if not os.path.exists("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"):  # else the kernel's clock
+            assert flops == 4 * 2.5e9 * per_cycle and "4 threads x 2.50 GHz" in source, (flops, source)
+        assert f"x {per_cycle} FLOP a cycle" in source and source.startswith("nominal fp32")
+    idle = peak_flops("cpu")
+    busy = [multiprocessing.Process(target=sum, args=(range(10**12),), daemon=True) for _ in range(os.cpu_count())]
+    for p in busy:
+        p.start()
+    try:
+        assert peak_flops("cpu") == idle and idle[0] > 0
+    finally:
+        for p in busy:
+            p.kill()
