@@ -54,7 +54,7 @@ def config_parser() -> argparse.ArgumentParser:
     defaults = RunConfig().to_dict()
     for name in field_names():
         group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="V",
-                           help=f"{docs.get(name, '')} (default {defaults[name]!r})")
+                           help=f"{docs.get(name, '')} (default {defaults[name]!r})".replace("%", "%%"))  # argparse's
     for old in RENAMED:  # refused with the new name, not as an unknown flag
         group.add_argument(f"--{old}", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

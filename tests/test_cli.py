@@ -296,3 +296,24 @@ def test_credentials_in_a_tracking_uri_are_never_printed(workdir, here):
     done = dsnb("run", "--offline", "--tracking_uri", "http://me:p@ss'SECRET@127.0.0.1:9/?password=SECRET",
                 cwd=workdir)
     assert "SECRET" not in one_line_error(done) and "holds a query, which MLflow cannot use" in done.stderr
+
+
+def test_every_commands_help_prints_every_field_it_takes(capsys):
+    """`--help` is where every error about a flag sends the user: it prints for dsnb and each of its commands, each
+    field that a command takes listed with its text (a field's text with a % once made argparse raise instead)."""
+    import argparse
+
+    from dsnb.cli import parser
+    from dsnb.config import field_names
+
+    top = parser()
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"run", "check", "compare", "sweep", "bench", "capacity", "advise"} <= set(commands)
+    for words in [[]] + [[name] for name in commands]:
+        with pytest.raises(SystemExit) as done:
+            top.parse_args([*words, "--help"])
+        shown = capsys.readouterr().out
+        assert done.value.code == 0 and shown.startswith("usage: python -m dsnb"), (words, shown[-500:])
+        if words and any(a.dest == "strategy" for a in commands[words[0]]._actions):
+            assert all(f"--{name} V" in shown for name in field_names()), words
+    assert "within 0.03%;" in " ".join(commands["run"].format_help().split())
