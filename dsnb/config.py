@@ -145,7 +145,9 @@ class RunConfig:
     nvme_path: str = "/local_nvme"
     """Writable directory on a fast disk for NVMe offload."""
     ds_config_path: str = ""
-    """Path to your own DeepSpeed JSON; replaces the built one (its batch sizes must agree)."""
+    """Path to your own DeepSpeed JSON; replaces the built one. Its batch sizes, precision, ZeRO stage and offload must
+    agree with the run's fields (`strategy`, `dtype`, `offload_optimizer`, `offload_param`, `nvme_path`), which are
+    logged and checked with the run: a JSON that offloads where the fields do not is refused, saying what to set."""
     dataset: str = "squad"
     """squad (SQuAD 1.1 from the hub), korquad (KorQuAD 1.0, its Korean counterpart, from the hub), synthetic (offline),
     or a .json/.jsonl/.csv/.parquet file with SQuAD's fields (the official nested SQuAD/KorQuAD JSON too)."""
@@ -770,9 +772,13 @@ def check_environment() -> None:
 
 
 def describe(error: BaseException, limit: int = 200) -> str:
-    """An exception's type and first line, for one-line messages (credentials in a URI masked)."""
-    lines = str(error).strip().splitlines()
-    return redact(f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__)
+    """An exception's type and first line of words, for one-line messages (credentials in a URI masked); for a
+    notebook cell's error (papermill's, whose own text opens with a rule of dashes) the cell's exception and text."""
+    name, text = type(error).__name__, str(error)
+    if getattr(error, "ename", None):
+        name, text = error.ename, str(getattr(error, "evalue", ""))
+    lines = [line for line in text.strip().splitlines() if line.strip(" -=_*#\t")]
+    return redact(f"{name}: {lines[0].strip()[:limit]}" if lines else name)
 
 
 def fail(name: str, message: str):

@@ -135,7 +135,25 @@ def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
     if stage != "auto" and stage != cfg.zero_stage:
         raise ConfigError(f"ds_config {path}: zero_optimization.stage is {stage!r} but strategy is {cfg.strategy}; "
                           f"set the stage to {cfg.zero_stage} or \"auto\", or change strategy")
+    check_offload(zero if isinstance(zero, dict) else {}, cfg)
     return config
+
+
+def check_offload(zero: dict, cfg: RunConfig) -> None:
+    """A user's offload sections agree with the run's offload_optimizer, offload_param and nvme_path: the fields
+    logged with the run and checked before it starts (parameter offload only under ZeRO-3, a folder that exists and
+    is writable), which DeepSpeed would otherwise ignore (parameters offloaded under ZeRO-2) or meet only minutes in."""
+    for key in ("offload_optimizer", "offload_param"):
+        part = zero.get(key)
+        device = (part.get("device") if isinstance(part, dict) else part) or "none"
+        if device != getattr(cfg, key):
+            raise ConfigError(f"ds_config {cfg.ds_config_path}: zero_optimization.{key}.device is {device!r} but the "
+                              f"run's {key} is {getattr(cfg, key)!r}; set {key} {device} in the run too (it is logged "
+                              f"and checked with it), or change the JSON")
+        folder = part.get("nvme_path") if isinstance(part, dict) else None
+        if device == "nvme" and (folder is None or os.path.normpath(str(folder)) != os.path.normpath(cfg.nvme_path)):
+            raise ConfigError(f"ds_config {cfg.ds_config_path}: zero_optimization.{key}.nvme_path is {folder!r} but "
+                              f"the run's nvme_path is {cfg.nvme_path!r}; give the same folder in both")
 
 
 def check_precision(config: dict, cfg: RunConfig) -> None:

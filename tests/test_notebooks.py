@@ -252,8 +252,10 @@ notebook: {NOTEBOOKS / NAMES[1]}
 base: {{max_steps: 2, num_samples: 16}}
 variants:
   - {{run_name: broken, model: {broken}}}
+  - {{run_name: bad_data, dataset: bad.json}}
   - {{run_name: zero1, strategy: zero1}}
 """)
+    (workdir / "bad.json").write_text('{"data": [')
     done = subprocess.run([sys.executable, "-m", "dsnb", "sweep", "-f", "sweep.yaml", "--offline"], cwd=workdir,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 1, done.stderr[-3000:]
@@ -261,17 +263,22 @@ variants:
     runs = {r.info.run_name: r for r in client.search_runs(
         [client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])}
     assert runs["broken"].info.status == "FAILED" and runs["zero1"].info.status == "FINISHED"
+    # the cell's own error, where papermill's text opens with a rule of dashes: what to change, not "-----"
+    assert runs["broken"].data.tags["error"].startswith("SafetensorError")  # recorded by the run itself
+    said = runs["bad_data"].data.tags["notebook_error"]  # refused in a cell, before a run of its own began
+    assert runs["bad_data"].info.status == "FAILED" and said.startswith("ConfigError: dataset file bad.json"), said
+    assert f"bad_data: failed ({said[:200]}" in done.stdout, done.stdout[-2000:]
     for run in runs.values():
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert any(a.endswith(".ipynb") for a in artifacts), artifacts
-    assert len(list((workdir / "sweeps" / "sweep").glob("*.ipynb"))) == 2
+    assert len(list((workdir / "sweeps" / "sweep").glob("*.ipynb"))) == 3
 
     again = subprocess.run([sys.executable, "-m", "dsnb", "sweep", "-f", "sweep.yaml", "--offline"], cwd=workdir,
                            capture_output=True, text=True, timeout=900)
     assert "zero1: already FINISHED" in again.stdout, again.stdout[-2000:]
     names = [r.info.run_name for r in client.search_runs(
         [client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])]
-    assert sorted(names) == ["broken", "broken", "zero1"]  # the failed variant ran again, the finished one did not
+    assert sorted(names) == ["bad_data", "bad_data", "broken", "broken", "zero1"]  # the failed ran again, not zero1
 
 
 @pytest.mark.integration

@@ -137,3 +137,48 @@ def test_your_deepspeed_json_with_a_key_given_twice_or_nested_too_deep_is_named(
     path.write_text('{"zero_optimization": ')
     with pytest.raises(ConfigError, match=f"ds_config {path} is not a DeepSpeed config .*JSONDecodeError"):
         read_ds_config(cfg)
+
+
+def test_your_deepspeed_jsons_offload_agrees_with_the_runs_fields_or_is_refused_saying_what_to_set(tmp_path, capsys,
+                                                                                                  monkeypatch):
+    """Offload in ds_config_path's JSON that the run's fields do not say was run unchecked and logged as none: ZeRO-2
+    with parameters "offloaded" (DeepSpeed ignores it) finished as if it worked, and an NVMe folder that does not
+    exist met DeepSpeed minutes in. The JSON and the fields must agree, so the fields' own checks and record hold;
+    the tutorial's snippets run with the fields they mean."""
+    import shutil
+
+    from dsnb.cli import main
+    from dsnb.zero import read_ds_config
+
+    monkeypatch.chdir(tmp_path)
+
+    golden = os.path.join(os.path.dirname(__file__), "golden")
+    snippet = dict(ds_config_path=os.path.join(golden, "snippet2_zero2_offload_cpu.json"), quantization="none")
+    assert read_ds_config(RunConfig(strategy="zero2", offload_optimizer="cpu", **snippet))
+    with pytest.raises(ConfigError, match="offload_optimizer.device is 'cpu' but the run's offload_optimizer is "
+                                          "'none'; set offload_optimizer cpu in the run too"):
+        read_ds_config(RunConfig(strategy="zero2", **snippet))
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+                                                                                    "nvme_path": f"{nvme}/"}}}))
+    cfg = RunConfig(strategy="zero3", quantization="none", ds_config_path=str(path), offload_param="nvme",
+                    nvme_path=str(nvme))
+    assert read_ds_config(cfg)["zero_optimization"]["offload_param"]["device"] == "nvme"  # a trailing / is the same
+    with pytest.raises(ConfigError, match=f"offload_param.nvme_path is '{nvme}/' but the run's nvme_path is "
+                                          "'/elsewhere'; give the same folder in both"):
+        read_ds_config(cfg.replace(nvme_path="/elsewhere"))
+    # through the command line, before anything loads: the JSON's ZeRO-2 parameter offload and a missing NVMe folder
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}))
+    flags = ["run", "--offline", "--quantization", "none", "--ds_config_path", str(path)]
+    for extra, message in ((["--strategy", "zero2"], "offload_param.device is 'cpu' but the run's offload_param is "
+                                                     "'none'; set offload_param cpu"),
+                           (["--strategy", "zero2", "--offload_param", "cpu"], "offload_param needs strategy zero3")):
+        assert main(flags + extra) == 2 and message in capsys.readouterr().err
+    shutil.rmtree(nvme)
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+                                                                                    "nvme_path": str(nvme)}}}))
+    assert main(flags + ["--strategy", "zero3", "--offload_param", "nvme", "--nvme_path", str(nvme)]) == 2
+    assert f"nvme_path '{nvme}' does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "mlflow.db").exists()  # refused before a run opened
