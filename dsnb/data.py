@@ -179,12 +179,17 @@ def read_file(path: str, kind: str, size: int, mtime_ns: int):
 
     if kind != "parquet":
         check_utf8(path)
+        with open(path, encoding="utf-8-sig") as f:
+            if not any(line.strip() for line in f):
+                raise ConfigError(f"dataset file {path} is empty; give a file of question/context/answers records")
     nested = squad_articles(path) if kind == "json" else None
     try:
         with quiet_datasets():  # a local file's "Generating train split" bar tells nothing
             return datasets.Dataset.from_list(nested) if nested is not None else \
                 datasets.load_dataset(kind, data_files=path, split="train")
     except Exception as e:
+        while e.__cause__ is not None:  # datasets' "An error occurred while generating the dataset": say what did
+            e = e.__cause__
         raise ConfigError(f"dataset file {path} could not be read as {kind} ({describe(e)})") from None
 
 
@@ -200,6 +205,8 @@ def squad_articles(path: str) -> list[dict] | None:
     except RecursionError:
         raise ConfigError(f"dataset file {path} is nested too deeply to read; give SQuAD's JSON or JSON lines") \
             from None
+    if top in ([], {}):
+        raise ConfigError(f"dataset file {path} holds no records; give question/context/answers records")
     if not isinstance(top, dict) or not isinstance(top.get("data"), list):
         return None
     rows = []
@@ -251,14 +258,17 @@ def brief(value) -> str:
 
 @contextlib.contextmanager
 def quiet_datasets():
-    """datasets' progress bars off inside the block (as they were after it)."""
+    """datasets' progress bars off inside the block (as they were after it), and its log below errors: a file it
+    cannot parse is said once, by dsnb's own error, not first as its "Failed to load JSON ..." line."""
     import datasets
 
-    was = datasets.is_progress_bar_enabled()
+    was, level = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         yield
     finally:
+        datasets.logging.set_verbosity(level)
         if was:
             datasets.enable_progress_bars()
 

@@ -40,6 +40,7 @@ TOKENIZER_VOCAB = 420  # gives ~43 tokens a prompt, near the ~39 of the real mod
 SYNTHETIC_VERSION = 2  # bump when SHAPES, the tokenizer or its text change, so cached builds are not reused
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DOWNLOAD_POLL_S = 2.0  # how often a download's bytes are looked at (fetch)
+ELSEWHERE = "a local folder, or synthetic:tiny (--offline: dsnb's own model and data)"  # what else to give
 
 
 def cache_dir() -> str:
@@ -90,7 +91,7 @@ def fetch(name: str, say) -> None:
                  if any(fnmatch.fnmatch(f.rfilename, p) for p in patterns)]
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ConfigError(f"model {name!r} could not be reached on the hub ({describe(e)}); check its id and the "
-                          "network, or give a local folder or synthetic:tiny offline") from None
+                          f"network, or give {ELSEWHERE}") from None
     total = sum(f.size or 0 for f in files)
     say(f"downloading {name}: {len(files)} files, {total / 1e9:.1f} GB (once: the hub's cache keeps them)")
     from huggingface_hub import constants
@@ -137,7 +138,7 @@ def model_config(name: str):
         config = AutoConfig.from_pretrained(resolve_model(name), trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model {name!r} could not be loaded ({describe(e)}); "
-                          "give an existing hub id, a local folder, or synthetic:tiny offline") from None
+                          f"give an existing hub id, {ELSEWHERE}") from None
     return config.get_text_config()
 
 
@@ -239,7 +240,7 @@ def load_tokenizer(cfg: RunConfig):
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)}); "
-                          "give an existing hub id, a local folder, or synthetic:tiny offline") from None
+                          f"give an existing hub id, {ELSEWHERE}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # the tutorial's choice; labels still ignore padding
     return tokenizer

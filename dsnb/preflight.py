@@ -711,6 +711,8 @@ def check_host_ram(cfg: RunConfig, world: int, device: str, estimate: dict | Non
 
 def check_nvme_path(path: str) -> None:
     """The NVMe folder exists and is writable, and DeepSpeed's async I/O (libaio) can be built."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"nvme_path {path!r} is a file, not a folder; give a folder on a fast local disk")
     if not os.path.isdir(path):
         raise ConfigError(f"nvme_path {path!r} does not exist; create it on a fast local disk or set nvme_path")
     if not _writable(path):

@@ -535,7 +535,8 @@ def quality_verdict(result: RunResult | None) -> str:
 
 
 def savings_table(runs: list[RunResult], baseline: str | None = None):
-    """Memory saved and speed lost by each run relative to the baseline run (first baseline, else the first)."""
+    """Memory saved and speed lost by each run relative to the baseline run (first baseline, else the first); a run
+    timed on a busy machine says so in its note (busy_host), its speed not its own."""
     import pandas as pd
 
     loaded = load_runs(runs)
@@ -551,7 +552,8 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
         rows.append({"run": name, "status": run.info.status, "peak_mb": peak,
                      "memory_saved": 1 - peak / base_peak if peak and base_peak else None,
                      "samples_per_second": speed,
-                     "speed_ratio": speed / base_speed if speed and base_speed else None})
+                     "speed_ratio": speed / base_speed if speed and base_speed else None,
+                     "note": busy_host(m) and f"timed on a busy machine: {busy_host(m)}"})
     return pd.DataFrame(rows).set_index("run")
 
 
@@ -567,4 +569,6 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
         return f"No finished run fits in {memory_budget_gb:g} GB."
     speed, name, peak = max(fits)
     used = f"peak {peak / 1024:.1f} GB" if peak is not None else "no GPU: it trained on the CPU"
-    return f"Fastest within {memory_budget_gb:g} GB: {name} ({speed:.3g} samples/s, {used})."
+    busy = busy_runs(loaded)
+    return f"Fastest within {memory_budget_gb:g} GB: {name} ({speed:.3g} samples/s, {used})." + (
+        f" But UNRELIABLE: {busy}, so rerun on an idle machine before choosing by speed." if busy else "")

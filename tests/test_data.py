@@ -292,18 +292,25 @@ def test_bad_files_say_what_to_change(tmp_path):
         load(tmp_path / "missing.json")
     with pytest.raises(ConfigError, match="is not squad, korquad, synthetic"):
         load(tmp_path / "data.txt")
-    (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(ConfigError):
-        load(tmp_path / "empty.jsonl")
+    for name, content in (("empty.jsonl", ""), ("blank.json", "\n  \n")):
+        (tmp_path / name).write_text(content)
+        with pytest.raises(ConfigError, match=f"dataset file {tmp_path / name} is empty; give a file of"):
+            load(tmp_path / name)
+    for content in ("[]", "{}"):
+        (tmp_path / "none.json").write_text(content)
+        with pytest.raises(ConfigError, match="none.json holds no records; give question/context/answers records"):
+            load(tmp_path / "none.json")
     (tmp_path / "fields.jsonl").write_text('{"prompt": "x"}\n{"prompt": "y"}\n')
     with pytest.raises(ConfigError, match="needs columns question and answers"):
         load(tmp_path / "fields.jsonl")
     (tmp_path / "few.jsonl").write_text('{"question": "x", "answer": "y"}\n')
     with pytest.raises(ConfigError, match="num_samples is 2 but .* holds 1 rows"):
         load(tmp_path / "few.jsonl")
-    (tmp_path / "broken.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="could not be read"):
-        load(tmp_path / "broken.json")
+    # what the parser found, not datasets' "An error occurred while generating the dataset"
+    for name, content in (("broken.json", "{not json"), ("cut.json", '{"data": ['), ("cut.jsonl", '{"a": 1\n')):
+        (tmp_path / name).write_text(content)
+        with pytest.raises(ConfigError, match=f"{name} could not be read as json \\(ArrowInvalid: JSON parse error"):
+            load(tmp_path / name)
 
 
 def test_the_training_text_ends_in_eos_and_the_loss_covers_it(tokenizer):

@@ -21,6 +21,9 @@ def test_nvme_path_checks(tmp_path):
         check_nvme_path(str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="is not writable"):
         check_nvme_path("/proc")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="nvme_path '.*afile' is a file, not a folder"):
+        check_nvme_path(str(tmp_path / "afile"))
 
 
 def test_nvme_refuses_an_arch_list_deepspeed_cannot_build_for(tmp_path, monkeypatch):
