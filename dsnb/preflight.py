@@ -722,7 +722,9 @@ def check_nvme_path(path: str) -> None:
     if not AsyncIOBuilder().is_compatible(verbose=False):
         raise ConfigError("NVMe offload needs libaio for DeepSpeed's async I/O: run `apt-get install libaio-dev` "
                           "(or use offload cpu)")
-    check_build_lock(AsyncIOBuilder(), "async I/O")
+    if not op_built(AsyncIOBuilder(), "async I/O"):
+        print("dsnb: DeepSpeed builds its async I/O op first (for NVMe): minutes on 2 cores, once per machine",
+              flush=True)
     check_arch_list("NVMe I/O")
 
 

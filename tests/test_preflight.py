@@ -1,5 +1,6 @@
 import json
 import os
+import pathlib
 import subprocess
 import time
 
@@ -336,3 +337,28 @@ def test_write_new_writes_whole_never_over_a_file_and_leaves_nothing_half_writte
     with pytest.raises(KeyboardInterrupt):
         write_new(str(tmp_path / "cut.md"), "x" * 10)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["map.png", "nvidia_h200-2.json", "nvidia_h200.json"]
+
+
+def test_a_run_that_builds_a_deepspeed_op_says_so_before_its_silent_minutes(tmp_path, monkeypatch, capfd):
+    """CPU Adam (optimizer offload) and async I/O (NVMe) are compiled at a run's start, minutes on 2 cores without a
+    line from DeepSpeed: where the op is not built yet, the check before the run says that it comes; once built,
+    nothing."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder  # its test build needs real file descriptors: capfd
+
+    from dsnb.config import OFFLINE, RunConfig
+    from dsnb.preflight import build_folder, check
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        pytest.skip("libaio is missing here; its message comes first")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))  # where torch keeps built ops: none yet
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    cfg = RunConfig(**dict(OFFLINE, strategy="zero3", quantization="none", offload_optimizer="cpu",
+                           offload_param="nvme", nvme_path=str(nvme), tracking_uri=f"sqlite:///{tmp_path}/m.db"))
+    check(cfg, "cpu")
+    said = capfd.readouterr().out
+    assert "DeepSpeed builds its CPU Adam op first" in said and "DeepSpeed builds its async I/O op first" in said
+    for name in ("cpu_adam", "async_io"):
+        pathlib.Path(build_folder(type("B", (), {"name": name})()), f"{name}.so").write_bytes(b"")
+    check(cfg.replace(seed=cfg.seed + 1), "cpu")  # another config: each is checked once a process
+    assert "builds its" not in capfd.readouterr().out
