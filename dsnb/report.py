@@ -288,7 +288,9 @@ def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
                                     "samples, held-out questions, optimizer, schedule and clipping")]
     losses = [loss_curve(client, run.info.run_id)[1] for run in loaded]
     finals = [c[-1] for c in losses if c]
-    lines.append(f"{'logged losses':>14}: {[len(c) for c in losses]} records")
+    counts = sorted({len(c) for c in losses})
+    lines.append(f"{'logged losses':>14}: " + (f"{counts[0]} records a run" if len(counts) == 1 else
+                                               f"{', '.join(str(len(c)) for c in losses)} records, run by run"))
     if finals:
         spread = max(finals) - min(finals)
         agreed = "agree" if spread <= loss_tolerance * max(abs(min(finals)), 1e-9) else "DIFFER"
