@@ -15,6 +15,9 @@ LEVER is one of:
   rows256  base with rows of 256 tokens (attention per token halves; more of each row is tail padding)
   now      the bench's throughput_compiled as it is (12 rows of 1024 tokens, the passage prompt), LoRA's dropout masks
            drawn by dsnb's own kernel, four to a Philox call (dsnb/dropout.py)
+  autotune now with inductor's max-autotune for the matmuls (max_autotune_gemm: Triton's templates, persistent with
+           TMA on an H100 or H200, timed against cuBLAS shape by shape), so a template that wins can take the
+           elementwise work after it (norms, SiLU, rotary, LoRA's add) into its own epilogue; the cold compile is longer
   inddrop  now with inductor's dropout instead, one Philox call an element inside the kernel that uses the mask
   repeatkv now with transformers' own flex attention, which copies each key/value head for its group of query heads
            where the query heads are not a power of two (the 3B's 24 over 8), as dsnb did before
@@ -47,8 +50,8 @@ def main() -> None:
     from dsnb.bench import bench_configs
 
     p = argparse.ArgumentParser()
-    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "inddrop", "repeatkv",
-                                     "fp8", "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24"))
+    p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "autotune", "inddrop",
+                                     "repeatkv", "fp8", "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -57,8 +60,9 @@ def main() -> None:
     a = p.parse_args()
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
-    if a.lever in ("now", "inddrop"):
-        return record(a, train.train(cfg.replace(dropout_kernel=a.lever == "now")))
+    tune_inductor(a.lever)
+    if a.lever in ("now", "autotune", "inddrop"):
+        return record(a, train.train(cfg.replace(dropout_kernel=a.lever != "inddrop")))
     if a.lever == "repeatkv":
         from dsnb import model
 
@@ -79,13 +83,20 @@ def main() -> None:
                           attention="flex" if a.lever == "flex" else "sdpa")
     if a.lever == "nodrop":
         cfg = cfg.replace(lora_dropout=0.0)
-    elif a.lever == "cdt":
-        import torch._inductor.config
-
-        torch._inductor.config.coordinate_descent_tuning = True
     elif a.lever == "rows256":
         cfg = cfg.replace(max_length=256)
     record(a, train.train(cfg))
+
+
+def tune_inductor(lever: str) -> None:
+    """cdt and autotune: inductor's own tuning, set before the loop compiles."""
+    import torch._inductor.config as inductor
+
+    if lever == "cdt":
+        inductor.coordinate_descent_tuning = True
+    elif lever == "autotune":
+        inductor.max_autotune_gemm = True
+        inductor.triton.enable_persistent_tma_matmul = True
 
 
 def head_in_fp8() -> None:
