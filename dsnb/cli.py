@@ -274,8 +274,9 @@ def cmd_sweep(args) -> int:
         raise ConfigError("sweep needs -f <sweep.yaml>, for example variants/sweep_zero_stages.yaml")
     results = run_sweep(args.file, offline=args.offline or offline_requested(), overrides=flag_overrides(args))
     print(format_table(compare_table(results)))
-    if len(results) > 1:  # each variant against the first, with its spread, and unreliable where the machine was busy
-        print(f"\n{verdict(results)}")
+    said = verdict(results) if len(results) > 1 else ""  # each variant against the first (none where it failed)
+    if said:
+        print(f"\n{said}")
     notebooks = {os.path.dirname(r.notebook) for r in results if r.notebook}
     print(f"\nExecuted notebooks: {', '.join(notebooks) or 'none (all skipped)'}; "
           f"runs: {ui_command(results[0].tracking_uri)}")

@@ -147,7 +147,8 @@ class RunConfig:
     ds_config_path: str = ""
     """Path to your own DeepSpeed JSON; replaces the built one. Its batch sizes, precision, ZeRO stage and offload must
     agree with the run's fields (`strategy`, `dtype`, `offload_optimizer`, `offload_param`, `nvme_path`), which are
-    logged and checked with the run: a JSON that offloads where the fields do not is refused, saying what to set."""
+    logged and checked with the run: a JSON whose offload or NVMe folder differs from the fields is refused, saying
+    what to set."""
     dataset: str = "squad"
     """squad (SQuAD 1.1 from the hub), korquad (KorQuAD 1.0, its Korean counterpart, from the hub), synthetic (offline),
     or a .json/.jsonl/.csv/.parquet file with SQuAD's fields (the official nested SQuAD/KorQuAD JSON too)."""

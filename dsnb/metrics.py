@@ -228,32 +228,46 @@ def peak_flops(device: str) -> tuple[float, str]:
     return rate, f"measured bfloat16 matmul 8192x8192 on {device}"
 
 
-def cpu_peak_flops(threads: int, cpuinfo: str = "/proc/cpuinfo") -> tuple[float, str]:
-    """The CPU's nominal fp32 peak for `threads` threads: each at the clock the kernel reports (its highest, or the
-    first core's MHz where there is none), doing two fused multiply-adds a cycle as wide as the widest vector unit it
-    names (AVX-512: 64 FLOP a cycle, AVX2 with FMA: 32, else 16). A nominal figure, not this machine's measured best:
-    what MFU on a CPU means is a share of it, the same for every run here."""
-    flags, mhz = set(), 0.0
+def cpu_peak_flops(threads: int, cpuinfo: str = "/proc/cpuinfo",
+                   clock: str = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") -> tuple[float, str]:
+    """The CPU's nominal fp32 peak for `threads` threads (at most the cores this process may use): each at the clock
+    the kernel reports (its highest, else the first core's MHz), doing two fused multiply-adds a cycle as wide as the
+    widest vector unit it names: AVX-512 64 FLOP a cycle (32 on AMD's, which runs it as two 256-bit halves), AVX2 with
+    FMA 32, else 16 (SSE, Arm's NEON). A nominal figure, not this machine's measured best, the same for every run
+    with as many threads here; what the kernel does not say is assumed, and its label says so."""
+    flags, vendor, mhz = None, "", 0.0
     try:
         with open(cpuinfo) as f:
             for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key in ("flags", "Features") and flags is None:  # x86 / Arm
                     flags = set(value.split())
-                elif key.strip() == "cpu MHz" and not mhz:
-                    mhz = float(value)
-    except (OSError, ValueError):
+                elif key == "vendor_id" and not vendor:
+                    vendor = value
+                elif key == "cpu MHz" and not mhz:
+                    try:
+                        mhz = float(value)
+                    except ValueError:
+                        pass
+    except OSError:
         pass
     try:
-        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+        with open(clock) as f:
             mhz = int(f.read()) / 1000  # kHz
     except (OSError, ValueError):
         pass
+    assumed = [what for what, missing in (("clock", not mhz), ("vector unit", flags is None)) if missing]
+    flags = flags or set()
+    if "avx512f" in flags:
+        unit, per_cycle = ("AVX-512 as 2 x 256-bit", 32) if vendor == "AuthenticAMD" else ("AVX-512", 64)
+    else:
+        unit, per_cycle = ("AVX2 FMA", 32) if {"avx2", "fma"} <= flags else ("128-bit", 16)
+    if hasattr(os, "sched_getaffinity"):
+        threads = min(threads, len(os.sched_getaffinity(0)))
     mhz = mhz or 2000.0
-    unit, per_cycle = ("AVX-512", 64) if "avx512f" in flags else ("AVX2 FMA", 32) if {"avx2", "fma"} <= flags else \
-        ("128-bit", 16)
     return (threads * mhz * 1e6 * per_cycle,
-            f"nominal fp32: {threads} threads x {mhz / 1000:.2f} GHz x {per_cycle} FLOP a cycle ({unit})")
+            f"nominal fp32: {threads} threads x {mhz / 1000:.2f} GHz x {per_cycle} FLOP a cycle ({unit})"
+            + (f"; {' and '.join(assumed)} assumed, not reported" if assumed else ""))
 
 
 def sync(device: str) -> None:

@@ -106,6 +106,8 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
         if not op_built(CPUAdamBuilder(), "CPU Adam"):
             print(f"dsnb: DeepSpeed builds its CPU Adam op first: about {CPU_ADAM_BUILD_MIN} minutes on 2 cores, once "
                   "per machine (python -m dsnb prepare builds it ahead)", flush=True)
+    if cfg.zero_stage is not None:
+        check_comm_lock()
     check_deepcompile(cfg, device)
 
     check_cache(cfg)
@@ -826,6 +828,17 @@ def check_build_lock(builder, what: str) -> None:
     with builder_lock(folder, wait=False) as held:
         if not (held and take_over_lock(folder, what)):
             print(f"dsnb: another process is building DeepSpeed's {what} op; this run waits for it", flush=True)
+
+
+def check_comm_lock() -> None:
+    """DeepSpeed's CPU accelerator builds a shared-memory op for its collectives when a ZeRO run starts
+    (deepspeed.comm's build_shm_op), with no word from dsnb: a lock left there by a build killed part way stalled every
+    later ZeRO run on the CPU without a line, so it is taken over as CPU Adam's is. Other accelerators build none."""
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        check_build_lock(builder, "shared-memory comm")
 
 
 def prepare() -> None:

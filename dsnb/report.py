@@ -566,11 +566,11 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
     for name, run in zip(_names(loaded), loaded, strict=True):
         peak = gpu_taken_mb(run.data.metrics)
         if fit(run.info.status, run.data.metrics, budget) == "fits":
-            fits.append((run.data.metrics.get("samples_per_second", 0), name, peak))
+            fits.append((run.data.metrics.get("samples_per_second", 0), name, peak, run))
     if not fits:
         return f"No finished run fits in {memory_budget_gb:g} GB."
-    speed, name, peak = max(fits)
+    speed, name, peak, _ = max(fits, key=lambda f: f[:2])
     used = f"peak {peak / 1024:.1f} GB" if peak is not None else "no GPU: it trained on the CPU"
-    busy = busy_runs(loaded)
+    busy = busy_runs([f[3] for f in fits])  # the runs the choice was made among
     return f"Fastest within {memory_budget_gb:g} GB: {name} ({speed:.3g} samples/s, {used})." + (
         f" But UNRELIABLE: {busy}, so rerun on an idle machine before choosing by speed." if busy else "")

@@ -140,20 +140,32 @@ def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
 
 
 def check_offload(zero: dict, cfg: RunConfig) -> None:
-    """A user's offload sections agree with the run's offload_optimizer, offload_param and nvme_path: the fields
-    logged with the run and checked before it starts (parameter offload only under ZeRO-3, a folder that exists and
-    is writable), which DeepSpeed would otherwise ignore (parameters offloaded under ZeRO-2) or meet only minutes in."""
-    for key in ("offload_optimizer", "offload_param"):
+    """A user's offload sections (and DeepSpeed's older cpu_offload and cpu_offload_param switches, which it still
+    reads) agree with the run's offload_optimizer, offload_param and nvme_path: the fields logged with the run and
+    checked before it starts (parameter offload only under ZeRO-3, a folder that exists and is writable), which
+    DeepSpeed would otherwise ignore (parameters offloaded under ZeRO-2) or meet only minutes in."""
+    for key, old in (("offload_optimizer", "cpu_offload"), ("offload_param", "cpu_offload_param")):
         part = zero.get(key)
-        device = (part.get("device") if isinstance(part, dict) else part) or "none"
+        if part or not zero.get(old):
+            device = (part.get("device") if isinstance(part, dict) else part) or "none"
+            said = f"zero_optimization.{key}.device is {device!r}"
+        else:
+            device, said = "cpu", f"zero_optimization.{old} is true"
         if device != getattr(cfg, key):
-            raise ConfigError(f"ds_config {cfg.ds_config_path}: zero_optimization.{key}.device is {device!r} but the "
-                              f"run's {key} is {getattr(cfg, key)!r}; set {key} {device} in the run too (it is logged "
-                              f"and checked with it), or change the JSON")
+            raise ConfigError(f"ds_config {cfg.ds_config_path}: {said} but the run's {key} is {getattr(cfg, key)!r}; "
+                              f"set {key} {device} in the run too (it is logged and checked with it), or change the "
+                              "JSON")
         folder = part.get("nvme_path") if isinstance(part, dict) else None
-        if device == "nvme" and (folder is None or os.path.normpath(str(folder)) != os.path.normpath(cfg.nvme_path)):
+        if device == "nvme" and not folder:
+            raise ConfigError(f"ds_config {cfg.ds_config_path}: zero_optimization.{key}.nvme_path is missing "
+                              f"(DeepSpeed has no default folder); give the run's nvme_path, {cfg.nvme_path!r}")
+        if device == "nvme" and same_folder(str(folder)) != same_folder(cfg.nvme_path):
             raise ConfigError(f"ds_config {cfg.ds_config_path}: zero_optimization.{key}.nvme_path is {folder!r} but "
                               f"the run's nvme_path is {cfg.nvme_path!r}; give the same folder in both")
+
+
+def same_folder(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
 
 
 def check_precision(config: dict, cfg: RunConfig) -> None:

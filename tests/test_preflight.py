@@ -348,8 +348,12 @@ def test_a_run_that_builds_a_deepspeed_op_says_so_before_its_silent_minutes(tmp_
     from dsnb.config import OFFLINE, RunConfig
     from dsnb.preflight import build_folder, check
 
+    import deepspeed.git_version_info as installed
+
     if not AsyncIOBuilder().is_compatible(verbose=False):
         pytest.skip("libaio is missing here; its message comes first")
+    if installed.installed_ops.get("cpu_adam") or installed.installed_ops.get("async_io"):
+        pytest.skip("this DeepSpeed was installed with its ops built: nothing is built at a run's start")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))  # where torch keeps built ops: none yet
     nvme = tmp_path / "nvme"
     nvme.mkdir()
@@ -362,3 +366,25 @@ def test_a_run_that_builds_a_deepspeed_op_says_so_before_its_silent_minutes(tmp_
         pathlib.Path(build_folder(type("B", (), {"name": name})()), f"{name}.so").write_bytes(b"")
     check(cfg.replace(seed=cfg.seed + 1), "cpu")  # another config: each is checked once a process
     assert "builds its" not in capfd.readouterr().out
+
+
+def test_a_lock_left_in_deepspeeds_comm_op_is_taken_over_before_a_zero_run(tmp_path, monkeypatch, capsys):
+    """DeepSpeed builds its shared-memory comm op at every ZeRO run's start on the CPU, by itself: a build killed part
+    way (a CI stopped) left torch's lock there, and each later ZeRO run waited on it without a word. The check before
+    a ZeRO run takes it over; the baseline, which does not build it, leaves it."""
+    from deepspeed.accelerator import get_accelerator
+
+    from dsnb.config import OFFLINE, RunConfig
+    from dsnb.preflight import check
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    lock = tmp_path / "ext" / get_accelerator().create_op_builder("ShareMemCommBuilder").name / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    os.utime(lock, (time.time() - 120, time.time() - 120))
+    cfg = RunConfig(**dict(OFFLINE, tracking_uri=f"sqlite:///{tmp_path}/m.db"))
+    check(cfg.replace(strategy="baseline", offload_optimizer="none"), "cpu")
+    assert lock.exists()
+    check(cfg.replace(strategy="zero2", offload_optimizer="none"), "cpu")
+    assert not lock.exists() and "took over the build lock of DeepSpeed's shared-memory comm op" in \
+        capsys.readouterr().out

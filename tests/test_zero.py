@@ -169,6 +169,19 @@ def test_your_deepspeed_jsons_offload_agrees_with_the_runs_fields_or_is_refused_
     with pytest.raises(ConfigError, match=f"offload_param.nvme_path is '{nvme}/' but the run's nvme_path is "
                                           "'/elsewhere'; give the same folder in both"):
         read_ds_config(cfg.replace(nvme_path="/elsewhere"))
+    assert read_ds_config(cfg.replace(nvme_path="nvme"))  # relative to the working folder (tmp_path): the same one
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}))
+    with pytest.raises(ConfigError, match="offload_param.nvme_path is missing \\(DeepSpeed has no default folder\\); "
+                                          f"give the run's nvme_path, '{nvme}'"):
+        read_ds_config(cfg)
+    # DeepSpeed's older switches, which it still reads as CPU offload
+    for old, key in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+        path.write_text(json.dumps({"zero_optimization": {"stage": 3, old: True}}))
+        with pytest.raises(ConfigError, match=f"zero_optimization.{old} is true but the run's {key} is 'none'; set "
+                                              f"{key} cpu in the run too"):
+            read_ds_config(RunConfig(strategy="zero3", quantization="none", ds_config_path=str(path)))
+        assert read_ds_config(RunConfig(strategy="zero3", quantization="none", ds_config_path=str(path),
+                                        **{key: "cpu"}))
     # through the command line, before anything loads: the JSON's ZeRO-2 parameter offload and a missing NVMe folder
     path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}))
     flags = ["run", "--offline", "--quantization", "none", "--ds_config_path", str(path)]
