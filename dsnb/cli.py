@@ -52,9 +52,9 @@ def config_parser() -> argparse.ArgumentParser:
                        help=f"the offline default {OFFLINE} (also {OFFLINE_ENV}=1)")
     docs = field_docs()
     defaults = RunConfig().to_dict()
-    for name in field_names():
+    for name in field_names():  # a % in a field's text doubled: argparse reads % as a format
         group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="V",
-                           help=f"{docs.get(name, '')} (default {defaults[name]!r})".replace("%", "%%"))  # argparse's
+                           help=f"{docs.get(name, '')} (default {defaults[name]!r})".replace("%", "%%"))
     for old in RENAMED:  # refused with the new name, not as an unknown flag
         group.add_argument(f"--{old}", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
