@@ -179,9 +179,6 @@ def read_file(path: str, kind: str, size: int, mtime_ns: int):
 
     if kind != "parquet":
         check_utf8(path)
-        with open(path, encoding="utf-8-sig") as f:
-            if not any(line.strip() for line in f):
-                raise ConfigError(f"dataset file {path} is empty; give a file of question/context/answers records")
     nested = squad_articles(path) if kind == "json" else None
     try:
         with quiet_datasets():  # a local file's "Generating train split" bar tells nothing
@@ -274,14 +271,18 @@ def quiet_datasets():
 
 
 def check_utf8(path: str) -> None:
-    """A text file must be UTF-8: name the first line that is not."""
+    """A text file must be UTF-8 (name the first line that is not) and hold more than blank lines, in one read."""
+    blank = True
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             try:
-                line.decode("utf-8")
+                text = line.decode("utf-8")
+                blank = blank and not text.lstrip("\ufeff").strip()
             except UnicodeDecodeError as e:
                 raise ConfigError(f"dataset file {path}, line {number}: byte {line[e.start]:#04x} is not UTF-8 "
                                   "text; save the file as UTF-8") from None
+    if blank:
+        raise ConfigError(f"dataset file {path} is empty; give a file of question/context/answers records")
 
 
 def normalize_row(row: dict, place: str) -> dict:

@@ -555,7 +555,7 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
                      "memory_saved": 1 - peak / base_peak if peak and base_peak else None,
                      "samples_per_second": speed,
                      "speed_ratio": speed / base_speed if speed and base_speed else None,
-                     "note": busy_host(m) and f"timed on a busy machine: {busy_host(m)}"})
+                     "note": (busy := busy_host(m)) and f"timed on a busy machine: {busy}"})
     return pd.DataFrame(rows).set_index("run")
 
 
