@@ -19,7 +19,7 @@ import os
 
 from .config import ConfigError, RunConfig, read_variants
 from .compare import continue_jobs, mark_written
-from .metrics import RULES, STATES, Budget, fit
+from .metrics import RULES, STATES, Budget, busy_host, fit
 from .preflight import check_output_folder, this_machine, write_new
 from .tracking import RunResult, mlflow_client
 
@@ -90,12 +90,14 @@ def capacity_table(cells, results: list[RunResult], budgets: list[Budget]):
     for (model, name, cfg), result in zip(cells, results, strict=True):
         m = result.metrics
         row = {"model": model, "variant": name, "training": "full" if cfg.lora_r == 0 else "LoRA",
+               "dtype": cfg.dtype,  # offline, a bf16 variant trains in fp32 (cell_config): the row says so
                "status": result.status,
                "samples_per_second": m.get("samples_per_second"),
                "peak_allocated_gb": gb(m.get("peak_gpu_allocated_mb")),  # None on the CPU: no GPU was measured
                "peak_nvml_gb": gb(m.get("peak_gpu_nvml_mb")),
                "peak_host_gb": gb(m.get("peak_cpu_rss_mb")), "run_id": result.run_id}
         row.update({b.label: fit(result.status, m, b) for b in budgets})
+        row["note"] = (busy := busy_host(m)) and f"timed on a busy machine: {busy}"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -105,17 +107,27 @@ def gb(mb: float | None) -> float | None:
 
 
 def fastest_fitting(table, budgets: list[Budget]):
-    """Per model, kind of training (LoRA or full) and budget: the fastest variant that fits (None if none)."""
+    """Per model, kind of training (LoRA or full) and budget: the fastest variant that fits (None if none). Where no
+    cell measured a GPU (the map ran on the CPU), one row per kind, budget "no GPU": the fastest that finished here.
+    Each cell is one run, so no spread is measured; a pick among cells timed on a busy machine says UNRELIABLE."""
     import pandas as pd
 
-    rows = []
+    rows, labels = [], [b.label for b in budgets]
     for (model, training), group in table.groupby(["model", "training"], sort=False):
-        for b in budgets:
-            fits = group[group[b.label] == "fits"].sort_values("samples_per_second", ascending=False)
+        states = set(group[labels].to_numpy().ravel())
+        if "no GPU" in states and not states & {"fits", "tight", "no"}:
+            picks = [("no GPU", group[group[labels[0]] == "no GPU"])]
+        else:
+            picks = [(label, group[group[label] == "fits"]) for label in labels]
+        for label, fits in picks:
+            fits = fits.sort_values("samples_per_second", ascending=False)
             best = fits.iloc[0] if len(fits) else None
-            rows.append({"model": model, "training": training, "budget": b.label,
+            busy = int((fits["note"] != "").sum())
+            rows.append({"model": model, "training": training, "budget": label,
                          "fastest_variant": None if best is None else best["variant"],
-                         "samples_per_second": None if best is None else best["samples_per_second"]})
+                         "samples_per_second": None if best is None else best["samples_per_second"],
+                         "note": f"UNRELIABLE: {busy} of the {len(fits)} cells it was chosen among were timed on a "
+                                 "busy machine" if busy else ""})
     return pd.DataFrame(rows)
 
 
@@ -124,7 +136,7 @@ def plot_capacity(table, budgets: list[Budget]) -> bytes:
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
 
-    colours = ListedColormap(["#4caf50", "#ffc107", "#e0e0e0", "#b39ddb", "#e57373"])  # as STATES
+    colours = ListedColormap(["#4caf50", "#ffc107", "#e0e0e0", "#b39ddb", "#e57373", "#90caf9"])  # as STATES
     models = list(dict.fromkeys(table["model"]))
     heights = [max(2, len(table[table["model"] == m])) for m in models]
     fig = Figure(figsize=(3 + 1.6 * len(budgets), 1.2 + 0.45 * sum(heights)))
@@ -136,12 +148,12 @@ def plot_capacity(table, budgets: list[Budget]) -> bytes:
         for i, (_, row) in enumerate(group.iterrows()):
             for j, b in enumerate(budgets):
                 state = row[b.label]
-                label = f"{row['samples_per_second']:.3g}/s" if state in ("fits", "tight") else state
+                label = f"{row['samples_per_second']:.3g}/s" if state in ("fits", "tight", "no GPU") else state
                 ax.text(j, i, label, ha="center", va="center", fontsize=8)
         ax.set(title=model, xticks=range(len(budgets)), xticklabels=[b.label for b in budgets],
                yticks=range(len(group)), yticklabels=list(group["variant"]))
-    fig.suptitle("green fits, amber tight, grey does not fit the GPU, purple not the host RAM, red failed; "
-                 "samples/s in each cell", fontsize=10)
+    fig.suptitle("green fits, amber tight, grey does not fit the GPU, purple not the host RAM, red failed, blue no GPU "
+                 "measured (the CPU); samples/s in each cell (one run each)", fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
@@ -153,6 +165,8 @@ def markdown(table, fastest, command: str, continued: str = "") -> str:
     return "\n".join(["# dsnb capacity map", "", f"    {command}", "", RULES, "",
                       *([f"Continued: {continued}.", ""] if continued else []),
                       md_table(table.drop(columns=["run_id"])), "", "## Fastest variant that fits", "",
+                      "Each cell is one run: no run-to-run spread is measured, so speeds a few percent apart are not "
+                      "told apart.", "",
                       md_table(fastest), ""])
 
 

@@ -283,12 +283,13 @@ def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1, tags: l
         gpu = free.pop() if side_by_side else None
         try:
             env = {"CUDA_VISIBLE_DEVICES": gpu} if side_by_side else {}
-            return run_variant(cfgs[i], progress=progress and not side_by_side, tags=tags[i] if tags else None,
-                               env=env, beside=gpus if side_by_side else 1, resume=resumes[i] if resumes else None)
+            result = run_variant(cfgs[i], progress=progress and not side_by_side, tags=tags[i] if tags else None,
+                                 env=env, beside=gpus if side_by_side else 1, resume=resumes[i] if resumes else None)
         finally:
             if gpu is not None:
                 free.append(gpu)
-            bar.update()
+        bar.update()  # a variant stopped (Ctrl-C, a kill) is not counted as done
+        return result
 
     results: dict[int, RunResult] = {}
     with bar:

@@ -418,7 +418,7 @@ def sum_over_ranks(values: list) -> list:
 
 
 # The one rule for whether a measured run fits a budget (the capacity map's cells, report.best_for_budget).
-STATES = ("fits", "tight", "no", "no RAM", "failed")
+STATES = ("fits", "tight", "no", "no RAM", "failed", "no GPU")
 RULES = """Against a budget of B GB a run:
 - fits where its NVML peak (all it took from the GPU: CUDA context and allocator cache included; the allocator's
   peak where NVML was not read) is at most B;
@@ -429,7 +429,8 @@ RULES = """Against a budget of B GB a run:
   (offloaded optimizer states and weights included; runs that did not record it: its whole resident memory,
   memory-mapped weight files included, so those cells err on the side of "no") exceeded it, whatever its GPU
   needed;
-- failed where the run itself failed (see its MLflow run)."""
+- failed where the run itself failed (see its MLflow run);
+- no GPU where it trained on the CPU: it measured no GPU memory, so it says nothing about a GPU's budget."""
 
 
 @dataclass(frozen=True)
@@ -446,14 +447,16 @@ class Budget:
 
 
 def fit(status: str, metrics: dict, budget: Budget) -> str:
-    """fits | tight | no | no RAM | failed for one run against one budget (see RULES)."""
+    """fits | tight | no | no RAM | failed | no GPU for one run against one budget (see RULES)."""
     if status != "FINISHED":
         return "failed"
     host = metrics.get("peak_cpu_anon_mb", metrics.get("peak_cpu_rss_mb", 0))  # RSS where no anonymous peak was read
     if budget.ram_gb and host > budget.ram_gb * 1024:
         return "no RAM"
     taken = gpu_taken_mb(metrics)
-    if taken is None or taken <= budget.gpu_gb * 1024:  # None: it trained on the CPU and took nothing from a GPU
+    if taken is None:  # it trained on the CPU: nothing was measured against a GPU
+        return "no GPU"
+    if taken <= budget.gpu_gb * 1024:
         return "fits"
     return "no" if metrics.get("peak_gpu_allocated_mb", 0) > budget.gpu_gb * 1024 else "tight"
 

@@ -49,8 +49,9 @@ QUALITY_PRESET = "quality"  # compare.quality_check's runs: another model on oth
 
 
 def compared_runs(cfg: RunConfig) -> list:
-    """The newest run of each name in cfg's store (an uploaded zip too) and experiment, the quality check's left out:
-    it lands in the pair's experiment, and its toy model's speed and memory would be compared with the pair's."""
+    """The newest run of each name, with its comparison's other repeats (report.find_runs), in cfg's store (an
+    uploaded zip too) and experiment, the quality check's left out: it lands in the pair's experiment, and its toy
+    model's speed and memory would be compared with the pair's."""
     uri = open_store(cfg.tracking_uri)
     client = mlflow_client(uri)
     return [r for r in find_runs(uri, cfg.experiment)

@@ -1,7 +1,7 @@
 """Read runs back from MLflow: side-by-side tables, plots, and which variant fits a GPU budget.
 
     runs = results                                   # RunResults from run_all / run_variant / sweeps, or:
-    runs = find_runs(uri, experiment)                # the newest run of each name
+    runs = find_runs(uri, experiment)                # the newest run of each name, with its repeats
     compare_table(runs)                              # metrics as rows, runs as columns, ratios to the first
     plot_runs(runs)                                  # memory, throughput, runtime, loss curves; PNG logged to each run
     savings_table(runs); best_for_budget(runs, 15)
@@ -36,17 +36,30 @@ def load_runs(runs: list[RunResult]) -> list:
 
 
 def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED")) -> list[RunResult]:
-    """The newest run of each name in an experiment, oldest first."""
+    """The newest run of each name in an experiment, with the other repeats of the comparison (or bench, capacity map,
+    advise) that made it: a variant's repeats share its name, and reading one of them would drop the others and their
+    spread. Oldest first."""
     client = mlflow_client(existing_store(tracking_uri))
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"experiment {experiment!r} has no runs in {tracking_uri}; run a variant first")
+    found = [r for r in search(client, [exp.experiment_id], order_by=["attributes.start_time DESC"])
+             if r.info.status in statuses]
     newest = {}
-    for run in search(client, [exp.experiment_id], order_by=["attributes.start_time DESC"]):
-        if run.info.status in statuses:
-            newest.setdefault(run.info.run_name, run)
+    for run in found:
+        newest.setdefault(run.info.run_name, run)
+    chosen = [r for r in found if r is newest[r.info.run_name] or
+              invocation(r) is not None and invocation(r) == invocation(newest[r.info.run_name])]
     return [RunResult(r.info.run_id, r.info.run_name, r.info.status, tracking_uri, dict(r.data.metrics))
-            for r in sorted(newest.values(), key=lambda r: r.info.start_time)]
+            for r in sorted(chosen, key=lambda r: r.info.start_time)]
+
+
+def invocation(run) -> tuple[str, str] | None:
+    """What ties a run to the other repeats one command made: compare's comparison tag, or the bench's, capacity
+    map's or advise's invocation tag (compare.continue_jobs); None for a run made alone."""
+    tags = run.data.tags
+    key = "comparison" if "comparison" in tags else next((k for k in sorted(tags) if k.endswith("_invocation")), None)
+    return None if key is None else (key, tags[key])
 
 
 def _names(runs) -> list[str]:
@@ -537,40 +550,81 @@ def quality_verdict(result: RunResult | None) -> str:
 
 
 def savings_table(runs: list[RunResult], baseline: str | None = None):
-    """Memory saved and speed lost by each run relative to the baseline run (first baseline, else the first); a run
-    timed on a busy machine says so in its note (busy_host), its speed not its own."""
+    """Memory saved and speed lost by each variant relative to the baseline (the first run of strategy baseline, else
+    the first): medians over a variant's repeats, how many, and whether the speed difference is larger than their
+    run-to-run spread (the verdict's rank test and false-alarm rate). Memory is the GPU allocator's peak, or where no
+    run had a GPU, the process's resident memory (a CPU run: offload cannot save GPU memory there, the column says so).
+    A variant timed on a busy machine says so in its note (busy_host), its speed not its own."""
     import pandas as pd
 
-    loaded = load_runs(runs)
-    names = _names(loaded)
-    base = next((r for r in loaded if r.data.params.get("strategy") == "baseline"), loaded[0]) \
-        if baseline is None else loaded[names.index(baseline)]
+    groups = grouped(load_runs(runs))
+    names = list(groups)
+    base = baseline if baseline is not None else next(
+        (n for n, g in groups.items() if g[0].data.params.get("strategy") == "baseline"), names[0])
+    if base not in groups:
+        raise ValueError(f"baseline {base!r} is none of the runs' names: {', '.join(names)}")
+    on_gpu = any(summary(g, "peak_gpu_allocated_mb") for g in groups.values())
+    memory = "peak_gpu_allocated_mb" if on_gpu else "peak_cpu_rss_mb"
+    saved = "gpu_memory_saved" if on_gpu else "host_rss_saved (no GPU)"
     rows = []
-    for name, run in zip(names, loaded, strict=True):
-        m, b = run.data.metrics, base.data.metrics
-        peak = m.get("peak_gpu_allocated_mb") or m.get("peak_cpu_rss_mb")
-        base_peak = b.get("peak_gpu_allocated_mb") or b.get("peak_cpu_rss_mb")
-        speed, base_speed = m.get("samples_per_second"), b.get("samples_per_second")
-        rows.append({"run": name, "status": run.info.status, "peak_mb": peak,
-                     "memory_saved": 1 - peak / base_peak if peak and base_peak else None,
-                     "samples_per_second": speed,
-                     "speed_ratio": speed / base_speed if speed and base_speed else None,
-                     "note": (busy := busy_host(m)) and f"timed on a busy machine: {busy}"})
+    for name, group in groups.items():
+        peak, base_peak = summary(group, memory), summary(groups[base], memory)
+        speed, base_speed = summary(group, "samples_per_second"), summary(groups[base], "samples_per_second")
+        busy = [busy_host(r.data.metrics) for r in group if busy_host(r.data.metrics)]
+        rows.append({"run": name, "status": "/".join(sorted({status_label(r) for r in group})), "runs": len(group),
+                     memory: peak and peak[0],
+                     saved: 1 - peak[0] / base_peak[0] if peak and base_peak and base_peak[0] else None,
+                     "samples_per_second": speed and speed[0],
+                     "speed_ratio": speed[0] / base_speed[0] if speed and base_speed and base_speed[0] else None,
+                     "speed_vs_spread": "" if name == base or not (speed and base_speed) else
+                     against_spread(group, groups[base], "samples_per_second"),
+                     "note": f"timed on a busy machine: {busy[0]}" + (f" ({len(busy)} of its {len(group)} runs)"
+                                                                      if len(group) > 1 else "") if busy else ""})
     return pd.DataFrame(rows).set_index("run")
 
 
+def finished_values(group: list, key: str) -> list[float]:
+    return [r.data.metrics[key] for r in group if key in r.data.metrics and r.info.status == "FINISHED"]
+
+
+def against_spread(group: list, base: list, key: str) -> str:
+    """Whether a variant's metric differs from the baseline's by more than their repeats' spread, with the rank test's
+    p-value (the rate at which runs that differ only by chance split as these do); one run a side measures none."""
+    a, b = finished_values(group, key), finished_values(base, key)
+    if min(len(a), len(b)) < 2:
+        return "one run: no spread measured"
+    overlap = min(a) <= max(b) and min(b) <= max(a)
+    return f"{'within' if overlap else 'larger than'} the spread (p = {rank_test_p(a, b):.2f})"
+
+
 def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
-    """The fastest run that fits the budget, by the capacity map's rule (metrics.RULES: its NVML peak, context
-    included, at most the budget)."""
-    loaded, fits, budget = load_runs(runs), [], Budget(memory_budget_gb)
-    for name, run in zip(_names(loaded), loaded, strict=True):
-        peak = gpu_taken_mb(run.data.metrics)
-        if fit(run.info.status, run.data.metrics, budget) == "fits":
-            fits.append((run.data.metrics.get("samples_per_second", 0), name, peak, run))
+    """The fastest variant that fits the budget, by the capacity map's rule (metrics.RULES: its NVML peak, context
+    included, at most the budget, in every run of it), by the median of its repeats, and whether the runner-up is
+    within their run-to-run spread. Runs on the CPU measured no GPU memory: none is judged against a GPU's budget."""
+    import statistics
+
+    groups, budget = grouped(load_runs(runs)), Budget(memory_budget_gb)
+    done = {n: g for n, g in groups.items() if finished_values(g, "samples_per_second")}
+    states = {n: {fit(r.info.status, r.data.metrics, budget) for r in g} for n, g in done.items()}
+    cpu = bool(done) and all(s == {"no GPU"} for s in states.values())
+    fits = [n for n, s in states.items() if s == ({"no GPU"} if cpu else {"fits"})]
     if not fits:
         return f"No finished run fits in {memory_budget_gb:g} GB."
-    speed, name, peak, _ = max(fits, key=lambda f: f[:2])
-    used = f"peak {peak / 1024:.1f} GB" if peak is not None else "no GPU: it trained on the CPU"
-    busy = busy_runs([f[3] for f in fits])  # the runs the choice was made among
-    return f"Fastest within {memory_budget_gb:g} GB: {name} ({speed:.3g} samples/s, {used})." + (
-        f" But UNRELIABLE: {busy}, so rerun on an idle machine before choosing by speed." if busy else "")
+    ranked = sorted(fits, key=lambda n: statistics.median(finished_values(done[n], "samples_per_second")),
+                    reverse=True)
+    name, group = ranked[0], done[ranked[0]]
+    speed = statistics.median(finished_values(group, "samples_per_second"))
+    runs_of = f"median of {len(group)} runs" if len(group) > 1 else "one run"
+    if cpu:
+        text = (f"No run measured GPU memory (they trained on the CPU), so none is judged against {memory_budget_gb:g} "
+                f"GB; the fastest here: {name} ({speed:.3g} samples/s, {runs_of}).")
+    else:
+        peak = max(gpu_taken_mb(r.data.metrics) for r in group if r.info.status == "FINISHED")
+        text = (f"Fastest within {memory_budget_gb:g} GB: {name} ({speed:.3g} samples/s, {runs_of}, peak "
+                f"{peak / 1024:.1f} GB).")
+    if len(ranked) > 1:
+        close = against_spread(done[ranked[1]], group, "samples_per_second")
+        if not close.startswith("larger"):
+            text += f" {ranked[1]} is not told apart from it: {close}."
+    busy = busy_runs([r for n in fits for r in done[n]])  # the runs the choice was made among
+    return text + (f" But UNRELIABLE: {busy}, so rerun on an idle machine before choosing by speed." if busy else "")

@@ -243,19 +243,23 @@ def notebook_03():
         new_markdown_cell(f"""# Compare runs: memory saved, speed lost, and what fits your GPU
 {badge("03_compare_runs.ipynb")}
 
-Reads the newest run of each name from an MLflow experiment (from notebooks 01 and 02, `python -m dsnb
-compare` or a sweep) and compares them against the baseline. `memory_budget_gb` is the GPU you
-are sizing for: 15 for a T4, 22 for an L4, 40 or 80 for an A100. In a new Colab runtime, upload the
-`dsnb_mlflow.zip` that notebook 01 downloaded (the Files pane) and set `tracking_uri = "dsnb_mlflow.zip"`."""),
+Reads the newest run of each name, with the other repeats of its comparison, from an MLflow experiment (from
+notebooks 01 and 02, `python -m dsnb compare` or a sweep) and compares them against the baseline.
+`memory_budget_gb` is the GPU you are sizing for: 15 for a T4, 22 for an L4, 40 or 80 for an A100. In a new
+Colab runtime, upload the `dsnb_mlflow.zip` that notebook 01 downloaded (the Files pane) and set
+`tracking_uri = "dsnb_mlflow.zip"`."""),
         new_code_cell(setup(read_only=True)),
         new_markdown_cell("## Parameters"),
         parameters_cell(["tracking_uri", "experiment", "memory_budget_gb"]),
-        new_markdown_cell("## The runs\nThe newest run of each name in the experiment, from `results_folder`'s store "
-                          "(Drive is mounted first) or `tracking_uri` (an uploaded zip too). The quality check's runs "
-                          "train another model on other data, so they are left out of the comparison."),
+        new_markdown_cell("## The runs\nThe newest run of each name in the experiment, with the other repeats of "
+                          "its comparison (the table pools them: median [lowest-highest]), from `results_folder`'s "
+                          "store (Drive is mounted first) or `tracking_uri` (an uploaded zip too). The quality check's "
+                          "runs train another model on other data, so they are left out of the comparison."),
         new_code_cell("import dsnb\n\ncfg = dsnb.from_notebook(globals(), check=False)\n"
                       "runs = dsnb.compared_runs(cfg)\ndsnb.compare_table(runs)"),
-        new_markdown_cell("## Memory saved and speed lost against the baseline"),
+        new_markdown_cell("## Memory saved and speed lost against the baseline\nMedians of each variant's repeats; "
+                          "`speed_vs_spread` says whether the speed differs by more than the repeats' spread (the "
+                          "rank test's p: how often runs that differ only by chance split so)."),
         new_code_cell("dsnb.savings_table(runs)"),
         new_code_cell("dsnb.plot_runs(runs, log=False)"),
         new_markdown_cell("## The fastest variant that fits the budget\nPeak GPU memory as NVML saw it "

@@ -11,7 +11,7 @@ models: [synthetic:llama-3.2-1b]
 budgets_gb: [0.5, 1]
 base: {max_steps: 3, logging_steps: 1, save_model: false}
 variants:
-  lora: {quantization: none}
+  lora: {quantization: none, dtype: bf16}  # offline: fp32 (bf16 is emulated on the CPU), the table says so
   full_zero2: {quantization: none, lora_r: 0, strategy: zero2, offload_optimizer: cpu}
   broken: {quantization: none, lora_targets: no_such_module}
 """
@@ -25,6 +25,7 @@ def test_fit_rules():
     assert fit("FAILED", m, Budget(80)) == "failed"
     colab = Budget(15, 12.7, "Colab T4")  # the GPU would do, the host RAM would not
     assert fit("FINISHED", m, colab) == "no RAM" and fit("FINISHED", m, Budget(15, 16)) == "fits"
+    assert fit("FINISHED", {"peak_cpu_rss_mb": 900.0}, Budget(1)) == "no GPU"  # on the CPU: nothing to judge by
 
 
 def test_capacity_file_errors(tmp_path):
@@ -61,12 +62,14 @@ def test_capacity_map_runs_every_cell_and_keeps_going(workdir):
     assert (table["samples_per_second"][:2] > 0).all()
     assert table["peak_allocated_gb"].isna().all() and (table["peak_host_gb"][:2] > 0).all()  # no GPU: no 0 GB
     assert list(table.loc[2, ["0.5 GB", "1 GB"]]) == ["failed", "failed"]
-    # No GPU here: nothing was taken from one, so both finished runs fit; the faster one is named.
+    # No GPU here: no cell is judged against a GPU's budget; the fastest of each kind on this CPU is named as such
+    assert list(table.loc[:1, "0.5 GB"]) == ["no GPU", "no GPU"] and list(table["dtype"]) == ["fp32"] * 3
     assert list(table["training"]) == ["LoRA", "full", "LoRA"]
-    assert list(fastest["fastest_variant"]) == ["lora", "lora", "full_zero2", "full_zero2"]  # per kind, per budget
+    assert list(fastest["fastest_variant"]) == ["lora", "full_zero2"] and set(fastest["budget"]) == {"no GPU"}
     assert png[:4] == b"\x89PNG"
     report = (workdir / "out" / "capacity.md").read_text()
     assert "python -m dsnb capacity -f capacity.yaml --offline" in report and "| full_zero2 |" in report
+    assert "Each cell is one run: no run-to-run spread is measured" in report
     with pytest.raises(ConfigError, match="exists"):  # never over an earlier map
         run_capacity("capacity.yaml", offline=True, out_dir="out", progress=False)
     rows = capacity_table([("m", "x", RunConfig())], [RunResult("r", "x", "FINISHED", "", {

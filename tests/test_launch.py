@@ -3,6 +3,7 @@ process alone), Ctrl-C in a terminal (SIGINT to the whole foreground group) and 
 Every time the variant stops at once, its run ends KILLED with its log and what it measured, nothing is left
 running or behind, and a notebook's kernel lives on."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,7 +49,10 @@ def test_sigterm_to_compare_stops_its_variant_and_leaves_nothing(workdir):
     run = wait_for_training(uri, "Without_DeepSpeed")
     compare.send_signal(signal.SIGTERM)
     assert compare.wait(timeout=180) == 130
-    assert "interrupted" in compare.stderr.read()
+    stderr = compare.stderr.read()
+    assert "interrupted" in stderr
+    bars = re.findall(r"variants: .*?\| (\d+)/(\d+)", stderr)  # the bar over the variants, each time it was drawn
+    assert bars and bars[-1][0] == "0", bars  # the stopped variant is not counted as done
     assert_killed_with_what_it_measured(uri, run.info.run_id)
     client = mlflow.MlflowClient(uri)
     names = [r.info.run_name for r in client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison")

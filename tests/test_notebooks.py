@@ -166,16 +166,17 @@ def test_committed_notebooks_pass_nbval(tmp_path):
 
 @pytest.mark.integration
 def test_notebook_03_opens_results_folders_store_and_leaves_the_quality_check_out(workdir):
-    """Notebook 03 with results_folder set reads the store there; the quality check, which logs its toy model's run
-    into the pair's experiment, is in none of its tables and is never "the fastest within" the budget."""
+    """Notebook 03 with results_folder set reads the store there, every repeat of the pair (their medians and
+    spread); the quality check, which logs its toy model's run into the pair's experiment, is in none of its tables
+    and is never "the fastest within" the budget."""
     folder = workdir / "results"
     folder.mkdir()
     client = mlflow.MlflowClient(f"sqlite:///{folder}/mlflow.db")
     experiment = client.create_experiment("DeepSpeed_Comparison")
-    runs = (("Without_DeepSpeed", "", "baseline", 2.0), ("With_DeepSpeed", "", "zero2", 1.5),
-            ("quality", "quality", "baseline", 90.0))
-    for name, preset, strategy, speed in runs:
-        run = client.create_run(experiment, run_name=name)
+    runs = [(name, "", strategy, speed, repeat) for repeat in range(3) for name, strategy, speed in
+            (("Without_DeepSpeed", "baseline", 2.0 + repeat / 10), ("With_DeepSpeed", "zero2", 1.5 - repeat / 10))]
+    for name, preset, strategy, speed, repeat in runs + [("quality", "quality", "baseline", 90.0, 0)]:
+        run = client.create_run(experiment, run_name=name, tags={"comparison": "c1", "repeat": str(repeat)})
         client.log_param(run.info.run_id, "preset", preset)
         client.log_param(run.info.run_id, "strategy", strategy)
         for key, value in (("samples_per_second", speed), ("peak_gpu_allocated_mb", 900.0),
@@ -186,7 +187,9 @@ def test_notebook_03_opens_results_folders_store_and_leaves_the_quality_check_ou
                                cwd=workdir, kernel_name="python3", progress_bar=False)
     shown = json.dumps([[o.get("text"), o.get("data", {}).get("text/html")] for c in nbformat.read(
         workdir / "out.ipynb", 4).cells for o in c.get("outputs", [])])  # what the cells printed and their tables
-    assert "Fastest within 15 GB: Without_DeepSpeed (2 samples/s" in shown, shown[-3000:]
+    # every repeat of the pair read (three each): the medians, and whether the difference is beyond their spread
+    assert "Fastest within 15 GB: Without_DeepSpeed (2.1 samples/s, median of 3 runs" in shown, shown[-3000:]
+    assert "larger than the spread (p = 0.10)" in shown, shown[-3000:]
     assert "With_DeepSpeed" in shown and "quality" not in shown
     assert not (workdir / "mlflow.db").exists()  # the store in results_folder, none made beside the notebook
 

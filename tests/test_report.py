@@ -273,7 +273,44 @@ def test_the_best_run_for_a_budget_follows_the_capacity_maps_rule(workdir):
     assert best_for_budget([fast_tight, slow_fits], 16).startswith("Fastest within 16 GB: fast_tight")
     assert best_for_budget([fast_tight], 9) == "No finished run fits in 9 GB."
     on_cpu = logged(workdir, "on_cpu", {"samples_per_second": 5.0, "peak_cpu_rss_mb": 900.0})  # took nothing from a GPU
-    assert best_for_budget([on_cpu], 9) == "Fastest within 9 GB: on_cpu (5 samples/s, no GPU: it trained on the CPU)."
+    assert best_for_budget([on_cpu], 9) == ("No run measured GPU memory (they trained on the CPU), so none is judged "
+                                            "against 9 GB; the fastest here: on_cpu (5 samples/s, one run).")
+
+
+def test_a_store_read_back_keeps_every_repeat_of_the_newest_comparison(workdir):
+    """find_runs (notebook 03) returns each name's newest run with the other repeats of its comparison, not one of
+    them; the savings table and the pick for a budget use their medians and say whether a difference is larger than
+    their spread. An older comparison of the same names, and a run made alone, stay out."""
+    from dsnb.report import best_for_budget, find_runs, savings_table
+
+    def comparison(tag, speeds, memory):
+        for repeat, (base, zero) in enumerate(speeds):
+            for name, strategy, speed in (("Without_DeepSpeed", "baseline", base), ("With_DeepSpeed", "zero2", zero)):
+                run = logged(workdir, name, {"samples_per_second": speed, "peak_gpu_allocated_mb": memory[name],
+                                             "peak_gpu_nvml_mb": memory[name] + 500}, strategy=strategy)
+                client = mlflow_client(run.tracking_uri)
+                client.set_tag(run.run_id, "comparison", tag)
+                client.set_tag(run.run_id, "repeat", str(repeat))
+
+    memory = {"Without_DeepSpeed": 9000.0, "With_DeepSpeed": 6000.0}
+    comparison("old", [(99.0, 1.0)] * 3, memory)
+    comparison("new", [(10.0, 6.0), (12.0, 7.0), (11.0, 20.0)], memory)  # the last repeat: the one newest of its name
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    runs = find_runs(uri, "DeepSpeed_Comparison")
+    assert sorted(r.metrics["samples_per_second"] for r in runs) == [6.0, 7.0, 10.0, 11.0, 12.0, 20.0]
+    table = savings_table(runs)
+    assert list(table["runs"]) == [3, 3] and table.loc["With_DeepSpeed", "samples_per_second"] == 7.0
+    assert abs(table.loc["With_DeepSpeed", "speed_ratio"] - 7.0 / 11.0) < 1e-9
+    assert table.loc["With_DeepSpeed", "speed_vs_spread"] == "within the spread (p = 0.70)"  # 3 vs 3 ranks, exact
+    assert abs(table.loc["With_DeepSpeed", "gpu_memory_saved"] - 1 / 3) < 1e-9
+    pick = best_for_budget(runs, 15)
+    assert pick.startswith("Fastest within 15 GB: Without_DeepSpeed (11 samples/s, median of 3 runs, peak 9.3 GB).")
+    assert "With_DeepSpeed is not told apart from it: within the spread (p = 0.70)." in pick, pick
+    assert best_for_budget(runs, 9).startswith("Fastest within 9 GB: With_DeepSpeed (7 samples/s, median of 3")
+    logged(workdir, "With_DeepSpeed", {"samples_per_second": 50.0, "peak_gpu_allocated_mb": 6000.0}, strategy="zero2")
+    alone = find_runs(uri, "DeepSpeed_Comparison")  # a run made alone is newest of its name now: it stands alone
+    assert sorted(r.metrics["samples_per_second"] for r in alone) == [10.0, 11.0, 12.0, 50.0]
+    assert savings_table(alone).loc["With_DeepSpeed", "speed_vs_spread"] == "one run: no spread measured"
 
 
 def test_untimed_steps_beyond_the_run_say_the_throughput_includes_start_up():
