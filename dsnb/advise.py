@@ -23,6 +23,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from . import estimate, timing
 from .compare import newest_run, reuse
 from .config import ConfigError, RunConfig
 from .data import build_dataset, load_records
@@ -374,9 +375,10 @@ def text(table, cfg: RunConfig, top: int = 20) -> str:
              f"{cfg.samples_per_step(cfg.num_gpus)} a step; {len(table)} variants, "
              f"{sum(table['fits'] == 'fits')} fit" + (f", memory_budget_gb {cfg.memory_budget_gb:g}"
                                                       if cfg.memory_budget_gb else ""),
-             f"GPU estimate: dsnb/estimate.py (checked against every committed GPU run: "
-             f"benchmarks/results/advise_vs_measured_h200.md); 'fits' keeps {FIT_MARGIN:.0%} above it and "
-             f"{OUTSIDE_GB:g} GB for CUDA outside PyTorch's allocator; time: dsnb/timing.py's rates",
+             f"GPU estimate: dsnb/estimate.py, {estimate.error_text()} "
+             f"(benchmarks/results/advise_vs_measured_h200.md); host RAM {estimate.error_text(estimate.HOST_ERROR)}; "
+             f"'fits' keeps {FIT_MARGIN:.0%} above it and {OUTSIDE_GB:g} GB for CUDA outside PyTorch's allocator",
+             f"time: dsnb/timing.py's rates; {timing.error_text()} (benchmarks/results/time_vs_measured_h200.md)",
              ""]
     measured = "measured_step_s" in shown
     head = ["#", "fits", "time", "s/step", "GPU GB", "host GB", "training", "weights", "DeepSpeed", "loop", "batch"]

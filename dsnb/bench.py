@@ -17,7 +17,7 @@ import os
 import statistics
 import sys
 
-from . import preflight
+from . import preflight, tracking
 from .config import OFFLINE, ConfigError, RunConfig, read_variants, redact
 from .compare import continue_jobs, mark_written
 from .tracking import RunResult
@@ -119,7 +119,13 @@ def run_bench(offline: bool = False, repeats: int = 3, untimed: int = 3, steps: 
               out_dir: str = "benchmarks/results", tracking_uri: str = "sqlite:///mlflow.db", gpus: int = 1,
               path: str = BENCH_FILE) -> dict:
     """Run every variant of the bench's file (or those in only) `repeats` times, interleaved, `gpus` at a time (each
-    run on a GPU of its own)."""
+    run on a GPU of its own); one bench at a time on a store (a second waits: two would time each other's load)."""
+    with tracking.one_at_a_time(tracking_uri, "bench"):
+        return _run_bench(offline, repeats, untimed, steps, only, out_dir, tracking_uri, gpus, path)
+
+
+def _run_bench(offline: bool, repeats: int, untimed: int, steps: int, only: list[str] | None, out_dir: str,
+               tracking_uri: str, gpus: int, path: str) -> dict:
     cfgs = bench_configs(offline, untimed, steps, tracking_uri, path)
     names = only or list(cfgs)
     device = preflight.pick_device()

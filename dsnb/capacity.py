@@ -17,6 +17,7 @@ import io
 import math
 import os
 
+from . import tracking
 from .config import ConfigError, RunConfig, read_variants
 from .compare import continue_jobs, mark_written
 from .metrics import RULES, STATES, Budget, busy_host, fit
@@ -184,10 +185,16 @@ def md_table(frame) -> str:
 def run_capacity(path: str, offline: bool = False, gpus: int = 1, overrides: dict | None = None,
                  out_dir: str = "", progress: bool = True, only: str = ""):
     """Run every cell of a capacity file; return (table, fastest, PNG bytes). The PNG is logged to every run;
-    with out_dir, capacity.md, capacity.csv and capacity.png are written there (never over existing files)."""
+    with out_dir, capacity.md, capacity.csv and capacity.png are written there (never over existing files). One map
+    at a time on a store: a second waits, then keeps what the first measured or finds its files."""
     budgets, cells = load_capacity(path, offline, overrides, only)
     if not cells:
         raise ConfigError(f"{path}: --only {only!r} leaves no cell to run (the file's skip list may hold them)")
+    with tracking.one_at_a_time(cells[0][2].tracking_uri, "capacity map", progress):
+        return _run_capacity(path, offline, gpus, out_dir, progress, only, budgets, cells)
+
+
+def _run_capacity(path: str, offline: bool, gpus: int, out_dir: str, progress: bool, only: str, budgets, cells):
     if out_dir:
         check_output_folder(out_dir, "--out")
     outputs = {ext: os.path.join(out_dir, f"capacity.{ext}") for ext in ("md", "csv", "png")} if out_dir else {}

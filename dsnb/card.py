@@ -15,7 +15,7 @@ from importlib import metadata
 
 from .config import PLACES, RunConfig, redact
 from .data import HUB_DATASETS, eval_task
-from .metrics import busy_host, mfu_text
+from .metrics import busy_host, mfu_text, scores_text, synthetic_note
 
 KINDS = {"adapter": "LoRA adapter", "merged": "base model with the LoRA adapter merged in",
          "full": "fully fine-tuned model"}
@@ -66,15 +66,12 @@ def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict, scoring: 
              *([f"datasets: [{HUB_DATASETS[cfg.dataset]}]"] if cfg.dataset in HUB_DATASETS else []), "---", ""]
     synthetic = cfg.model.startswith("synthetic:")
     task = eval_task(cfg)
-    rows = [("base model", base + (" (dsnb's offline Llama of random weights: its scores say nothing about a real "
-                                   "model)" if synthetic else "")),
+    rows = [("base model", base + (synthetic_note(cfg.model, cfg.preset) if synthetic else "")),
             ("data", f"{data_name(cfg)}: the first {cfg.num_samples} training rows, prompt `{cfg.prompt}` ({task})"),
             ("recipe", recipe(cfg)), ("DeepSpeed", deepspeed_name(cfg))]
     for name, label in (("eval", f"held-out questions ({task})"), ("recall", "trained questions (recall)")):
         if f"{name}_exact_match" in m:
-            rows.append((label, f"exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> "
-                                f"{m[f'{name}_exact_match']:.2f}, F1 {m.get(f'{name}_f1_before', 0):.2f} -> "
-                                f"{m.get(f'{name}_f1', 0):.2f} on {m.get(f'{name}_questions', 0):.0f} questions"))
+            rows.append((label, scores_text(m, name)))
     if "eval_exact_match" in m or "recall_exact_match" in m:
         rows.append(("scoring", scoring + (f" ({SCORING[scoring]})" if scoring in SCORING else "")))
     if "samples_per_second" in m:

@@ -27,7 +27,13 @@ from .tracking import RunResult, mlflow_client
 def compare(cfg: RunConfig, progress: bool = True, again: bool = False) -> list[RunResult]:
     """The tutorial's pair, each variant run cfg.runs_each times (repeat 0, 1, ...), interleaved so drift on a shared
     machine hits both alike; report.compare_table and report.verdict pool the repeats. Continues, or shows, the newest
-    comparison of the same config unless again (module docstring)."""
+    comparison of the same config unless again (module docstring); one comparison at a time on a store (a second
+    waits, then keeps what the first finished)."""
+    with tracking.one_at_a_time(cfg.tracking_uri, "comparison", progress):
+        return _compare(cfg, progress, again)
+
+
+def _compare(cfg: RunConfig, progress: bool, again: bool) -> list[RunResult]:
     jobs = [c.replace(repeat=i) for i in range(cfg.runs_each) for c in tutorial_pair(cfg)]
     comparison, earlier = newest_comparison(cfg, jobs) if not again else (None, {})
     if comparison is None:
@@ -123,9 +129,10 @@ def quality_check(cfg: RunConfig, progress: bool = True, again: bool = False) ->
         return None
     quality = RunConfig.layered({"preset": "quality", "tracking_uri": cfg.tracking_uri, "experiment": cfg.experiment,
                                  "output_dir": cfg.output_dir, "results_folder": cfg.results_folder})
-    run = None if again else newest_run(quality)
-    result, resume = reuse(quality, run, progress, quality.name)
-    return result or run_variant(quality, progress=progress, resume=resume)
+    with tracking.one_at_a_time(quality.tracking_uri, "quality check", progress):
+        run = None if again else newest_run(quality)
+        result, resume = reuse(quality, run, progress, quality.name)
+        return result or run_variant(quality, progress=progress, resume=resume)
 
 
 def run_once(cfg: RunConfig, again: bool = False, progress: bool = True) -> RunResult:
@@ -135,8 +142,9 @@ def run_once(cfg: RunConfig, again: bool = False, progress: bool = True) -> RunR
     which opened the run and decides what runs, the variant just runs."""
     if os.environ.get(SWEEP_RUN_ENV):
         return run_variant(cfg, progress=progress)
-    kept, resume = reuse(cfg, None if again else newest_run(cfg, {ONCE_TAG: "1"}), progress, cfg.name)
-    return kept or run_variant(cfg, progress=progress, tags={ONCE_TAG: "1"}, resume=resume)
+    with tracking.one_at_a_time(cfg.tracking_uri, "notebook variant", progress):
+        kept, resume = reuse(cfg, None if again else newest_run(cfg, {ONCE_TAG: "1"}), progress, cfg.name)
+        return kept or run_variant(cfg, progress=progress, tags={ONCE_TAG: "1"}, resume=resume)
 
 
 ONCE_TAG = "notebook_variant"  # run_once's runs: a notebook's variant, not a comparison's, a sweep's or a bench's

@@ -318,8 +318,38 @@ def mfu_text(m: dict, quantization: str, digits: int = 2) -> str:
     frozen matmuls run at fp8's rate, whose peak is twice bf16's, so the same figure is bf16-equivalent: said beside it,
     as it cannot be set against a bf16 run's MFU target."""
     text = f"MFU {100 * m.get('mfu', 0):.{digits}f}%"
+    if "peak_gpu_allocated_mb" not in m:  # trained on the CPU: cpu_peak_flops' nominal, assumed peak
+        return text + " of the CPU's nominal fp32 peak (assumed from its model and clock)"
     return text + (" of bf16's peak (fp8 weights: bf16-equivalent, fp8's own peak is 2x)" if quantization == "fp8"
                    else "")
+
+
+def scores_text(m: dict, name: str) -> str:
+    """A run's held-out (name "eval") or recall scores in words: exact match before -> after with the after score's
+    95% interval over its questions (Wilson's, for a share of n questions: 72 questions leave about +-0.1), F1 before ->
+    after, and how many questions."""
+    import math
+
+    n, after = m.get(f"{name}_questions", 0), m[f"{name}_exact_match"]
+    z = 1.96
+    if n:
+        centre, half = (after + z * z / (2 * n)) / (1 + z * z / n), \
+            z * math.sqrt(after * (1 - after) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        interval = f" (95% interval {max(0.0, centre - half):.2f}-{min(1.0, centre + half):.2f})"
+    else:
+        interval = ""
+    return (f"exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> {after:.2f}{interval}, F1 "
+            f"{m.get(f'{name}_f1_before', 0):.2f} -> {m.get(f'{name}_f1', 0):.2f} on {n:.0f} questions")
+
+
+def synthetic_note(model: str | None, preset: str | None = "") -> str:
+    """Beside a score of a synthetic model: what it can mean (the quality preset's model is trained to answer)."""
+    if not (model or "").startswith("synthetic:"):
+        return ""
+    if preset == "quality":
+        return (f" ({model} trained from random weights on dsnb's synthetic passages: the scores measure that toy "
+                "task, not a real model)")
+    return f" ({model}: random weights, a few steps: these scores say nothing about a real model)"
 
 
 def busy_host(m: dict) -> str:
@@ -369,11 +399,12 @@ class StepTimer:
         """Time just spent on something other than training (a checkpoint), left out of the throughput."""
         self.excluded.append((time.perf_counter(), seconds))
 
-    def throughput(self, gather: bool = True) -> dict:
+    def throughput(self, gather: bool = True, prior: tuple[float, float] = (0.0, 0.0)) -> dict:
         """Steady-state samples/s and real tokens/s between the last untimed step's mark and the last step's, over
-        every rank (gather: a collective, so every rank must call it), and real tokens per sample of the run. Where
-        the untimed steps leave no timed one, the figures cover every step, start-up included, and
-        throughput_includes_startup says so (1)."""
+        every rank (gather: a collective, so every rank must call it), and real tokens per sample of the run (prior:
+        the samples and tokens the processes before this one trained, where it resumed a run). Where the untimed steps
+        leave no timed one, the figures cover every step, start-up included, and throughput_includes_startup says so
+        (1)."""
         if len(self.marks) < 2:
             return {}
         first = next((m for m in self.marks if m[1] >= self.timed_from), None)
@@ -390,7 +421,8 @@ class StepTimer:
                 "samples_per_second": (samples1 - samples0) / seconds,
                 "tokens_per_second": (tokens1 - tokens0) / seconds,
                 "step_time_ms": 1000 * seconds / (s1 - s0), "timed_steps": s1 - s0,
-                "real_tokens_per_sample": tokens / max(1, samples), "throughput_includes_startup": float(startup),
+                "real_tokens_per_sample": (tokens + prior[1]) / max(1, samples + prior[0]),
+                "throughput_includes_startup": float(startup),
                 "checkpoint_seconds": sum(s for _, s in self.excluded)}
 
     def phase_medians(self, first: int) -> dict:

@@ -14,7 +14,7 @@ import io
 
 from .config import WORK_FIELDS, redact
 from .data import eval_task
-from .metrics import Budget, busy_host, fit, gpu_taken_mb, mfu_text
+from .metrics import Budget, busy_host, fit, gpu_taken_mb, mfu_text, scores_text, synthetic_note
 from .tracking import RunResult, existing_store, mlflow_client, oom_guess, params_then, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
@@ -22,6 +22,8 @@ METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second"
            "train_loss", "peak_gpu_allocated_mb", "peak_gpu_reserved_mb", "peak_gpu_nvml_mb", "peak_cpu_rss_mb",
            "samples_per_second", "tokens_per_second", "mfu", "eval_exact_match_before", "eval_exact_match", "eval_f1",
            "eval_tokens_per_second", "recall_exact_match", "host_other_cores"]
+SPEEDS = ("train_runtime_sec", "train_samples_per_second", "train_steps_per_second", "samples_per_second",
+          "tokens_per_second", "mfu", "eval_tokens_per_second")  # the rows a busy machine makes unreliable
 NO_RATIO = {"host_other_cores"}  # the machine's load while a run was timed: a caveat beside it, not its property
 ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
 EFFECT, POWER = 0.10, 0.80  # the held-out difference whose detection rate (power) is stated beside the test's verdict,
@@ -130,6 +132,9 @@ def compare_table(runs: list[RunResult]):
     tasks = eval_tasks(loaded)
     fp8 = any(r.data.params.get("quantization") == "fp8" for r in loaded)
     labels = {"mfu": "mfu (of bf16's peak; fp8 weights: bf16-equivalent, fp8's own peak is 2x)"} if fp8 else {}
+    if busy_runs(loaded):  # every speed row, not only the verdict's line, says its runs shared the machine
+        labels.update({key: f"{labels.get(key, key)} (UNRELIABLE: busy machine, see host_other_cores)"
+                       for key in SPEEDS})
     index = [f"{key} ({tasks})" if key.startswith("eval_exact") or key == "eval_f1" else labels.get(key, key)
              for key in METRICS]
     table = pd.DataFrame(columns, index=["status", "runs"] + index)
@@ -227,13 +232,6 @@ def busy_runs(loaded: list) -> str:
             + busiest.replace("other processes used", "other processes used up to", 1) + ")")
 
 
-def synthetic_note(model: str | None, preset: str | None = "") -> str:
-    """Beside a score of a synthetic model: what it can mean (the quality preset's model is trained to answer)."""
-    if not (model or "").startswith("synthetic:") or preset == "quality":
-        return ""
-    return f" ({model}: random weights, a few steps: these scores say nothing about a real model)"
-
-
 def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
     """What a person reads when a run ends: steady-state speed, peaks, loss, scores, and how to open the run (every
     metric is in MLflow, and with --verbose)."""
@@ -254,10 +252,7 @@ def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
         lines.append(f"  loss     {m['train_loss']:.4g} (the mean over the steps)")
     for name, label in (("eval", f"held-out ({eval_task(cfg)})"), ("recall", "recall (trained questions)")):
         if f"{name}_exact_match" in m:
-            lines.append(f"  {label} exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> "
-                         f"{m[f'{name}_exact_match']:.2f}, F1 {m.get(f'{name}_f1_before', 0):.2f} -> "
-                         f"{m.get(f'{name}_f1', 0):.2f} on {m.get(f'{name}_questions', 0):.0f} questions"
-                         + synthetic_note(cfg.model, cfg.preset))
+            lines.append(f"  {label} {scores_text(m, name)}" + synthetic_note(cfg.model, cfg.preset))
     lines.append(f"  open it  {ui_command(cfg.tracking_uri)}   (every metric: there, or --verbose)")
     return "\n".join(lines)
 
@@ -423,7 +418,8 @@ def held_out_line(client, base: list, group: list, base_name: str, name: str) ->
     what = f"held-out exact match ({task})"
     if not test["signal"]:
         return (f"{what}: no signal: every answer of both variants scored {test['a']:.0f} on the {test['questions']} "
-                "questions, so they cannot tell the variants apart")
+                "questions, so they cannot tell the variants apart"
+                + synthetic_note(group[0].data.params.get("model"), group[0].data.params.get("preset")))
     head = f"{what}: {name} {test['b']:.2f} vs {base_name} {test['a']:.2f}, paired over {test['questions']} questions" \
         + synthetic_note(group[0].data.params.get("model"), group[0].data.params.get("preset"))
     needed = f"about {test['needed']:,} questions would" if test["needed"] else \
@@ -539,13 +535,10 @@ def quality_verdict(result: RunResult | None) -> str:
     which = "trained questions' (recall)" if "recall_exact_match" in m else "held-out"
     taught = "yes" if learned > 0.5 else "no"
     lines = [f"Training taught the model ({which} exact match rose by more than 0.5): {taught}",
-             f"held-out, {task}: exact match {m.get('eval_exact_match_before', 0.0):.2f} -> "
-             f"{m['eval_exact_match']:.2f}, F1 {m.get('eval_f1_before', 0.0):.2f} -> {m.get('eval_f1', 0.0):.2f} on "
-             f"{m.get('eval_questions', 0):.0f} questions no training row holds"]
+             f"held-out, {task}: {scores_text(m, 'eval')} no training row holds"
+             + synthetic_note(run.data.params.get("model"), run.data.params.get("preset"))]
     if "recall_exact_match" in m:
-        lines.append(f"recall (trained questions): exact match {m.get('recall_exact_match_before', 0.0):.2f} -> "
-                     f"{m['recall_exact_match']:.2f}, F1 {m.get('recall_f1_before', 0.0):.2f} -> "
-                     f"{m.get('recall_f1', 0.0):.2f} on {m.get('recall_questions', 0):.0f} questions")
+        lines.append(f"recall (trained questions): {scores_text(m, 'recall')}")
     return "\n".join(lines)
 
 

@@ -106,6 +106,7 @@ def existing_store(uri: str) -> str:
                           "runs were logged to (python -m dsnb ui --tracking_uri ... shows it)")
     if db is not None:
         check_complete(db)
+        relocate_store(db)
     return uri
 
 
@@ -139,9 +140,73 @@ def init_store(uri: str) -> None:
             os.remove(left)
         if os.path.isfile(db) and os.path.getsize(db):
             check_complete(db)
+            relocate_store(db)
         else:
             create_store(db)
     _READY.add(uri)
+
+
+@contextlib.contextmanager
+def one_at_a_time(uri: str, what: str, progress: bool = True):
+    """While the block runs, no other dsnb process runs `what` (a comparison, a bench, ...) on this SQLite store: two
+    started at once after a kill both found the killed run and both trained every job again. The second waits (and
+    says so), then finds what the first finished. A store where no lock can be taken (a server's, a read-only or
+    lockless file system) runs as before."""
+    import fcntl
+
+    db = sqlite_path(uri)
+    try:
+        if db:
+            os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+        lock = open(f"{db}.{what.replace(' ', '_')}.lock", "a") if db else None  # noqa: SIM115 (held for the block)
+    except OSError:
+        lock = None
+    if lock is None:
+        yield
+        return
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"dsnb: another dsnb process is running a {what} on {db}; this one waits for it to end, then "
+                      "keeps what it finished", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:  # the file system takes no locks
+            pass
+        yield
+
+
+def relocate_store(db: str) -> None:
+    """A store whose folder was moved or copied (results_folder renamed, a Drive folder copied) still names the old
+    folder's artifacts (MLflow records them as absolute paths): its held-out answers were read from there, or not at
+    all, and a run resumed into it wrote its files back there. Where the store's own folder holds the artifacts (or the
+    old one is gone), every location under the old folder's ARTIFACT_DIR is rewritten to this folder's, and said."""
+    root = os.path.dirname(os.path.abspath(db))
+    here = os.path.join(root, ARTIFACT_DIR)
+    if not os.access(root, os.W_OK):
+        return
+    with contextlib.closing(sqlite3.connect(db, timeout=20)) as con:
+        try:
+            locations = [row[0] for row in con.execute("SELECT DISTINCT artifact_location FROM experiments")]
+        except sqlite3.OperationalError:  # no experiments table yet
+            return
+        moved = set()
+        for location in locations:
+            path = (location or "").removeprefix("file://")
+            old, name = os.path.split(path.rstrip("/"))
+            if os.path.isabs(path) and name == ARTIFACT_DIR and old != root and (
+                    os.path.isdir(here) or not os.path.isdir(path)):
+                moved.add(old)
+        for old in sorted(moved):
+            for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+                for prefix in (f"file://{old}/{ARTIFACT_DIR}", f"{old}/{ARTIFACT_DIR}"):
+                    con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {column} = ? OR "
+                                f"substr({column}, 1, ?) = ?", (here, len(prefix) + 1, prefix, len(prefix) + 1,
+                                                                 prefix + "/"))
+            con.commit()
+            print(f"dsnb: the store {db} was made in {old}; its runs' files are now read and written in {here}",
+                  file=sys.stderr)
 
 
 def create_store(db: str) -> None:

@@ -26,7 +26,9 @@ from .card import write_card
 from .config import ConfigError, RunConfig
 from .data import (CLOSED_BOOK, EVAL_SEED, BatchLog, build_dataset, collator, eval_task, fill_rows, held_out,
                    held_out_warning, load_records, question_key, truncated)
-from .estimate import estimate_memory, largest_weight, row_length, tokens_per_micro_batch, trainable_params
+from .estimate import (CPU_HOST_ERROR, HOST_ERROR, estimate_memory, largest_weight, row_length,
+                       tokens_per_micro_batch, trainable_params)
+from .estimate import error_text as estimate_error
 from .evaluate import answer_and_score, probe_logit_norm, scoring_mode
 from .loop import train_compiled
 from .metrics import PeakMemory, StepTimer, flops_per_token, gather_ranks, gputil_used_mb, peak_flops, sync
@@ -124,10 +126,12 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     real = sum(sum(m) for m in p.train_set["attention_mask"])
     on_gpu = preflight.pick_device() != "cpu"
     gpu = f"GPU peak about {est['est_peak_gpu_mb'] / 1024:.1f} GB" + (
-        f" (budget {cfg.memory_budget_gb:g} GB)" if cfg.memory_budget_gb else "") if on_gpu else "no GPU"
+        f" (budget {cfg.memory_budget_gb:g} GB)" if cfg.memory_budget_gb else "") + (
+        f" ({estimate_error()})") if on_gpu else "no GPU"
     host = f"host RAM about {est['est_peak_host_mb'] / 1024:.1f} GB" + (
         f" (budget {cfg.ram_budget_gb:g} GB)" if cfg.ram_budget_gb else "") + (
-        "" if on_gpu else " (the weights, gradients, optimizer and activations included)")
+        f" ({estimate_error(HOST_ERROR)})" if on_gpu else
+        f" (the weights, gradients, optimizer and activations included; {estimate_error(CPU_HOST_ERROR)})")
     rows = (f" in {len(p.train_set)} rows of {cfg.max_length} tokens ({real / (len(p.train_set) * cfg.max_length):.1%}"
             " real)") if cfg.padding == "filled" else ""
 
@@ -302,7 +306,7 @@ def training_math(args, deepspeed: dict | None) -> dict:
 
 STAGING = ".partial"  # a checkpoint is written here, then renamed into place whole
 BEFORE = "answers_before.json"  # the "before" answers and scores, recorded as soon as they are measured
-PROGRESS = "dsnb_progress.json"  # in each checkpoint: training time and samples up to it, for the resumed record
+PROGRESS = "dsnb_progress.json"  # in each checkpoint: training time, samples and tokens up to it, for a resumed record
 
 
 class CheckpointTrainer(Trainer):
@@ -369,7 +373,7 @@ class Session:
     quality: Quality
     gputil_before: float
     reporter: Reporter
-    prior: dict  # the training time and samples of the processes before this one (a resumed run; PROGRESS)
+    prior: dict  # the training time, samples and tokens of the processes before this one (a resumed run; PROGRESS)
     math: dict  # training_math: what same_work compares of the optimizer, schedule and clipping
 
     @property
@@ -505,16 +509,17 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter,
                             lambda: quality.score("before", trainer.model, tokenizer, cfg), cfg.checkpoint_minutes)
     trainer.add_callback(callback)
     prior = tracking.read_json(os.path.join(checkpoint, PROGRESS)) if checkpoint else {}
-    prior = {"train_seconds": float(prior.get("train_seconds", 0.0)), "samples": float(prior.get("samples", 0.0))}
+    prior = {"train_seconds": float(prior.get("train_seconds", 0.0)), "samples": float(prior.get("samples", 0.0)),
+             "tokens": float(prior.get("tokens", 0.0))}
     if checkpoint and curve:
         quality.load_before(curve.client, run_id)
 
     def progress(folder: str) -> None:  # into each checkpoint: what a resumed run adds its own time and samples to
-        samples, _ = timer.batches.totals(timer.consumed)
+        samples, tokens = timer.batches.totals(timer.consumed)
         seconds = time.perf_counter() - callback.began
         with open(os.path.join(folder, PROGRESS), "w") as f:
             json.dump({"train_seconds": prior["train_seconds"] + seconds,
-                       "samples": prior["samples"] + samples * world}, f)
+                       "samples": prior["samples"] + samples * world, "tokens": prior["tokens"] + tokens * world}, f)
 
     trainer.before_publish = [progress, *([lambda folder: curve.write()] if curve else [])]
     counts = {"trainable_params": trainable, "total_params": total, "truncated_samples": the_plan.truncated}
@@ -676,7 +681,8 @@ def record_start(s: Session, checkpoint: str | None) -> None:
     """Before training, so a run that dies still has its estimate and environment."""
     import mlflow
 
-    mlflow.log_metrics(s.plan.estimate)
+    # on the CPU the tensors' estimate is part of the host's (estimate_memory): no GPU figure is recorded without a GPU
+    mlflow.log_metrics({k: v for k, v in s.plan.estimate.items() if s.device != "cpu" or k != "est_peak_gpu_mb"})
 
     mlflow.log_params({**s.counts, **s.plan.data, "device": s.device, "mfu_convention": MFU_CONVENTION,
                        "eval_task": eval_task(s.cfg), "eval_set": eval_set_id(s.plan.eval_rows),
@@ -732,7 +738,7 @@ def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
     if metrics.get("peak_gpu_allocated_mb"):
         metrics["est_error_gpu"] = s.plan.estimate["est_peak_gpu_mb"] / metrics["peak_gpu_allocated_mb"] - 1
     metrics["est_error_host"] = s.plan.estimate["est_peak_host_mb"] / metrics["peak_cpu_rss_mb"] - 1
-    metrics.update(s.timer.throughput())
+    metrics.update(s.timer.throughput(prior=(s.prior["samples"], s.prior["tokens"])))  # a resumed run: the whole
     metrics.update(s.quality.metrics())
     flops, source = peak_flops(s.device)
     per_token = flops_per_token(s.plan.config, s.counts["trainable_params"], full=s.cfg.lora_r == 0)

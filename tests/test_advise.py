@@ -9,6 +9,7 @@ import pytest
 from dsnb.advise import advise, command, text
 from dsnb.cli import main
 from dsnb.config import OFFLINE, ConfigError, RunConfig
+from dsnb.estimate import GPU_ERROR, HOST_ERROR
 
 from conftest import BENCHMARKS, benchmark_module
 
@@ -91,6 +92,10 @@ def test_the_estimates_hold_over_every_committed_gpu_run(measured):
                                                   ("8b_lora_zero3_offload_15gb", "big_2.jsonl")}, figures["gpu"]
     assert figures["host"]["median"] <= 0.05 and figures["host"]["p95"] <= 0.05, figures["host"]
     assert figures["false_fits"] == []
+    # the errors advise and the plan print beside their estimates are these figures
+    for which, stated in (("gpu", GPU_ERROR), ("host", HOST_ERROR)):
+        found = figures[which]
+        assert stated == (found["n"], round(found["median"], 3), round(found["p95"], 3)), (which, found)
     oom = [r for r in rows if r["status"] == "FAILED (oom)"]
     assert oom and all(r["estimate"]["est_peak_gpu_mb"] > r["cfg"].memory_budget_gb * 1024 for r in oom)
 

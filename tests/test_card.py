@@ -42,3 +42,28 @@ def test_the_config_a_saved_folder_carries_names_no_place(tmp_path):
     assert str(tmp_path) not in repr(values) and values["dataset"] == "my_squad.jsonl"
     assert values["ds_config_path"] == "ds.json" and values["model"] == "synthetic:tiny"
     assert RunConfig.from_dict(values).strategy == "zero2"  # read back whole, the places at their defaults
+
+
+def test_each_figure_on_a_card_says_what_it_can_mean():
+    """A held-out score carries its 95% interval over its questions; MFU on the CPU names the peak it assumed; a
+    synthetic model's scores say what they measure: nothing of a real model, or (the quality preset's model, trained to
+    answer) the toy task, never "random weights" beside scores it learned."""
+    import math
+
+    from dsnb.metrics import scores_text
+
+    def covers(p: float, n: int, lo: float, hi: float) -> bool:  # Wilson's interval: |p - x| = z sqrt(x(1-x)/n) at ends
+        return all(abs(abs(p - x) - 1.96 * math.sqrt(x * (1 - x) / n)) < 0.006 for x in (lo, hi))
+
+    text = scores_text({"eval_exact_match": 0.76, "eval_questions": 72.0}, "eval")
+    lo, hi = map(float, text.split("95% interval ")[1].split(")")[0].split("-"))
+    assert lo < 0.76 < hi and covers(0.76, 72, lo, hi) and 0.17 < hi - lo < 0.22, text
+    assert "(95% interval 0.00-0.05)" in scores_text({"eval_exact_match": 0.0, "eval_questions": 72.0}, "eval")
+    cpu = card(RunConfig(**OFFLINE), MEASURED, "r", "adapter", {}, "squad")
+    assert "MFU 1.0% of the CPU's nominal fp32 peak (assumed" in cpu and "say nothing about a real model" in cpu
+    assert "(95% interval" in cpu
+    quality = card(RunConfig(**OFFLINE, preset="quality"), MEASURED, "r", "adapter", {}, "squad")
+    assert "the scores measure that toy task" in quality and "say nothing" not in quality
+    gpu = card(RunConfig(**OFFLINE), {**MEASURED, "peak_gpu_allocated_mb": 900.0, "peak_gpu_nvml_mb": 1000.0}, "r",
+               "adapter", {}, "squad")
+    assert "MFU 1.0%" in gpu and "CPU's nominal" not in gpu

@@ -48,7 +48,9 @@ def test_offline_compare_end_to_end(workdir):
         missing = [m for m in METRICS if m not in run.data.metrics and not m.startswith("recall_") and m not in gpu]
         assert not missing and not gpu & set(run.data.metrics), (name, missing)
         assert run.data.metrics["tokens_per_second"] > 0 and run.data.metrics["peak_cpu_rss_mb"] > 100
-        assert run.data.metrics["est_peak_gpu_mb"] > 0  # the estimate made before training, logged beside it
+        assert run.data.metrics["est_peak_host_mb"] > 0  # the estimate made before training, logged beside it
+        assert abs(run.data.metrics["est_error_host"]) <= 0.25  # on the CPU too (benchmarks/results/host_cpu.md)
+        assert "est_peak_gpu_mb" not in run.data.metrics  # on the CPU no GPU figure, estimated or measured
         assert len(client.get_metric_history(run.info.run_id, "loss")) >= 4  # the loss curve, per logging step
         assert run.data.params["model"] == "synthetic:tiny" and "seed" in run.data.params
         assert (workdir / "mlartifacts").is_dir() and not (workdir / "mlruns").exists()

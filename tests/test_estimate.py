@@ -277,3 +277,19 @@ def test_zero2_counts_its_reduce_buckets_where_they_outweigh_the_logits():
     assert gpu_mb(compiled, short) == pytest.approx(gpu_mb(compiled.replace(strategy="baseline"), short), abs=100)
     # On the CPU the buckets' untouched pages are not resident: nothing is added
     assert gpu_mb(offload, short, on_gpu=False) == pytest.approx(gpu_mb(base, short, on_gpu=False), abs=100)
+
+
+def test_the_cpu_host_error_the_plan_prints_is_the_committed_measurement():
+    """On the CPU the plan prints the host-RAM estimate's error beside it (estimate.CPU_HOST_ERROR): the figures of
+    benchmarks/results/host_cpu.md, which benchmarks/host_cpu.py measures (rerun it after changing the estimate)."""
+    import os
+    import re
+
+    from dsnb.estimate import CPU_HOST_ERROR
+
+    text = open(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "host_cpu.md")).read()
+    runs, median, largest = re.search(r"Host RAM on the CPU, (\d+) runs: median absolute error ([\d.]+)%, largest "
+                                      r"([\d.]+)%", text).groups()
+    assert CPU_HOST_ERROR == (int(runs), round(float(median) / 100, 3), round(float(largest) / 100, 3))
+    errors = [abs(float(e)) / 100 for e in re.findall(r"\| ([+-][\d.]+)% \|", text)]
+    assert len(errors) == int(runs) and max(errors) <= 0.3, errors  # ZeRO-3 with parameters offloaded: 30% over

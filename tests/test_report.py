@@ -217,6 +217,11 @@ def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
                                                      "(other processes used up to 3.0 of its 16 cores), so rerun on an "
                                                      "idle machine before choosing by speed.")
     assert "UNRELIABLE" not in best_for_budget(base + fast, 9)
+    from dsnb.report import compare_table
+
+    rows = list(compare_table([calm, busy]).index)
+    assert "samples_per_second (UNRELIABLE: busy machine, see host_other_cores)" in rows, rows
+    assert "samples_per_second" in compare_table(base + fast).index
     notes = savings_table([calm, busy])["note"]
     assert notes["Without_DeepSpeed"] == "" and notes["With_DeepSpeed"] == ("timed on a busy machine: other processes "
                                                                             "used 3.0 of its 16 cores")
@@ -401,3 +406,24 @@ def test_mfu_on_a_cpu_divides_by_one_nominal_peak_not_a_rate_measured_per_run(tm
     assert cpu_peak_flops(10**6, str(info), none)[0] == len(os.sched_getaffinity(0)) * 2e9 * 32  # cores it may use
     # a run's peak is that figure, not a matmul timed while whatever else the machine runs runs
     assert peak_flops("cpu") == cpu_peak_flops(torch.get_num_threads())
+
+
+def test_a_moved_store_reads_and_writes_its_own_files(workdir):
+    """A results folder moved (renamed, copied to Drive) keeps its runs' files: MLflow names them by absolute path, so
+    the moved store read its held-out answers from the old folder (gone: the verdict's held-out line vanished) and a
+    resumed run wrote back there. Opened, the store names its own folder's files."""
+    import os
+
+    from dsnb.report import answers, find_runs
+
+    store = workdir / "res"
+    store.mkdir()
+    logged(store, "a", {}, rows(["q1", "q2"], ["gold q1", "no"]))
+    moved = workdir / "res_moved"
+    os.rename(store, moved)
+    uri = f"sqlite:///{moved}/mlflow.db"
+    [run] = find_runs(uri, "DeepSpeed_Comparison")
+    client = mlflow_client(uri)
+    assert client.get_run(run.run_id).info.artifact_uri.startswith(str(moved / "mlartifacts"))
+    assert client.get_experiment_by_name("DeepSpeed_Comparison").artifact_location == str(moved / "mlartifacts")
+    assert list(answers([run]).data["a: after"]) == ["gold q1", "no"]

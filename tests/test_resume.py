@@ -127,7 +127,8 @@ def test_a_resumed_run_records_what_an_uninterrupted_run_records(workdir):
     assert sorted(history) == [1, 2, 3, 4, 6, 8]  # each step once: step 4 was logged by the first process only
     (steps_b, losses_b), (steps_a, losses_a) = loss_curve(client, b.info.run_id), loss_curve(client, a.info.run_id)
     assert steps_b == steps_a and losses_b == pytest.approx(losses_a, rel=1e-5)
-    for key in ("train_loss", "eval_exact_match_before", "eval_f1_before", "eval_exact_match", "eval_f1"):
+    for key in ("train_loss", "eval_exact_match_before", "eval_f1_before", "eval_exact_match", "eval_f1",
+                "real_tokens_per_sample"):  # of the whole run: the first process's samples counted in
         assert b.data.metrics[key] == pytest.approx(a.data.metrics[key], rel=1e-5), key
 
     def answers(run):
@@ -420,3 +421,20 @@ def test_resume_after_the_run_finished_says_so_and_never_resumes_an_older_killed
     finish(newer, cfg.tracking_uri, "FINISHED")
     with pytest.raises(ConfigError, match=re.escape(f"nothing to resume: run done ({newer}) finished")):
         resumable_run(cfg)
+
+
+def test_two_comparisons_started_at_once_on_one_store_train_it_once(workdir):
+    """Two `dsnb compare` of one config started together (two terminals, or two reruns after a kill): the second waits
+    for the first and keeps what it finished, so the store holds one run of each variant and no job trains twice."""
+    flags = ["compare", "--offline", "--repeats", "1", "--max_steps", "2", "--eval_samples", "0", "--save_model",
+             "false"]
+    runs = [subprocess.Popen([sys.executable, "-m", "dsnb", *flags], cwd=workdir, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    client = mlflow_client(f"sqlite:///{workdir}/mlflow.db")
+    found = client.search_runs([client.get_experiment_by_name("DeepSpeed_Comparison").experiment_id])
+    assert sorted((r.info.run_name, r.info.status) for r in found) == [("With_DeepSpeed", "FINISHED"),
+                                                                       ("Without_DeepSpeed", "FINISHED")], outputs
+    waited = [out for out in outputs if "another dsnb process is running a comparison" in out]
+    assert len(waited) == 1 and "nothing is trained again" in waited[0], outputs
