@@ -116,8 +116,8 @@ def fastest_fitting(table, budgets: list[Budget]):
     rows, labels = [], [b.label for b in budgets]
     for (model, training), group in table.groupby(["model", "training"], sort=False):
         states = set(group[labels].to_numpy().ravel())
-        if "no GPU" in states and not states & {"fits", "tight", "no"}:
-            picks = [("no GPU", group[group[labels[0]] == "no GPU"])]
+        if "no GPU" in states and not states & {"fits", "tight", "no"}:  # on the CPU: those that fit every host RAM
+            picks = [("no GPU", group[(group[labels] == "no GPU").all(axis=1)])]
         else:
             picks = [(label, group[group[label] == "fits"]) for label in labels]
         for label, fits in picks:

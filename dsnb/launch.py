@@ -288,7 +288,7 @@ def run_all(cfgs: list[RunConfig], progress: bool = True, gpus: int = 1, tags: l
         finally:
             if gpu is not None:
                 free.append(gpu)
-        bar.update()  # a variant stopped (Ctrl-C, a kill) is not counted as done
+        bar.update()  # a variant whose parent was interrupted (Ctrl-C, SIGTERM) is not counted as done
         return result
 
     results: dict[int, RunResult] = {}

@@ -38,30 +38,38 @@ def load_runs(runs: list[RunResult]) -> list:
 
 
 def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED")) -> list[RunResult]:
-    """The newest run of each name in an experiment, with the other repeats of the comparison (or bench, capacity map,
-    advise) that made it: a variant's repeats share its name, and reading one of them would drop the others and their
-    spread. Oldest first."""
+    """The newest run of each name in an experiment, with the other repeats of the comparison (or bench, capacity map)
+    that made it, each job's newest record: a variant's repeats share its name, and reading one of them would drop the
+    others and their spread. Oldest first."""
     client = mlflow_client(existing_store(tracking_uri))
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"experiment {experiment!r} has no runs in {tracking_uri}; run a variant first")
     found = [r for r in search(client, [exp.experiment_id], order_by=["attributes.start_time DESC"])
              if r.info.status in statuses]
-    newest = {}
-    for run in found:
+    newest, jobs = {}, {}
+    for run in found:  # newest first
         newest.setdefault(run.info.run_name, run)
-    chosen = [r for r in found if r is newest[r.info.run_name] or
-              invocation(r) is not None and invocation(r) == invocation(newest[r.info.run_name])]
+        jobs.setdefault((run.info.run_name, invocation(run), job(run)), run)  # a job run again: its newest record
+    chosen = [r for r in found if r is newest[r.info.run_name] or invocation(r) is not None and invocation(r) ==
+              invocation(newest[r.info.run_name]) and jobs[r.info.run_name, invocation(r), job(r)] is r]
     return [RunResult(r.info.run_id, r.info.run_name, r.info.status, tracking_uri, dict(r.data.metrics))
             for r in sorted(chosen, key=lambda r: r.info.start_time)]
 
 
 def invocation(run) -> tuple[str, str] | None:
-    """What ties a run to the other repeats one command made: compare's comparison tag, or the bench's, capacity
-    map's or advise's invocation tag (compare.continue_jobs); None for a run made alone."""
+    """What ties a run to the other repeats one command made: compare's comparison tag, or the bench's or capacity
+    map's invocation tag (compare.continue_jobs); None for a run made alone."""
     tags = run.data.tags
     key = "comparison" if "comparison" in tags else next((k for k in sorted(tags) if k.endswith("_invocation")), None)
     return None if key is None else (key, tags[key])
+
+
+def job(run) -> str | None:
+    """Which job of its invocation a run did (a comparison's repeat, a bench's or map's job): a job run again after a
+    failure leaves its earlier record beside the new one."""
+    tags = run.data.tags
+    return tags.get("repeat") or next((tags[k] for k in sorted(tags) if k.endswith("_job")), None)
 
 
 def _names(runs) -> list[str]:
@@ -562,22 +570,30 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
     rows = []
     for name, group in groups.items():
         peak, base_peak = summary(group, memory), summary(groups[base], memory)
-        speed, base_speed = summary(group, "samples_per_second"), summary(groups[base], "samples_per_second")
+        speed, base_speed = (finished_summary(g, "samples_per_second") for g in (group, groups[base]))
         busy = [busy_host(r.data.metrics) for r in group if busy_host(r.data.metrics)]
         rows.append({"run": name, "status": "/".join(sorted({status_label(r) for r in group})), "runs": len(group),
                      memory: peak and peak[0],
                      saved: 1 - peak[0] / base_peak[0] if peak and base_peak and base_peak[0] else None,
                      "samples_per_second": speed and speed[0],
                      "speed_ratio": speed[0] / base_speed[0] if speed and base_speed and base_speed[0] else None,
-                     "speed_vs_spread": "" if name == base or not (speed and base_speed) else
-                     against_spread(group, groups[base], "samples_per_second"),
+                     "speed_vs_spread": "" if name == base else "no finished run" if not (speed and base_speed)
+                     else against_spread(group, groups[base], "samples_per_second"),
                      "note": f"timed on a busy machine: {busy[0]}" + (f" ({len(busy)} of its {len(group)} runs)"
                                                                       if len(group) > 1 else "") if busy else ""})
     return pd.DataFrame(rows).set_index("run")
 
 
 def finished_values(group: list, key: str) -> list[float]:
-    return [r.data.metrics[key] for r in group if key in r.data.metrics and r.info.status == "FINISHED"]
+    """key's values over the group's finished runs (a failed run's speed is of the steps it made), NaN left out."""
+    return [v for r in group if r.info.status == "FINISHED" and (v := r.data.metrics.get(key)) is not None and v == v]
+
+
+def finished_summary(group: list, key: str) -> tuple[float, float, float] | None:
+    import statistics
+
+    values = finished_values(group, key)
+    return (statistics.median(values), min(values), max(values)) if values else None
 
 
 def against_spread(group: list, base: list, key: str) -> str:
@@ -598,7 +614,8 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
 
     groups, budget = grouped(load_runs(runs)), Budget(memory_budget_gb)
     done = {n: g for n, g in groups.items() if finished_values(g, "samples_per_second")}
-    states = {n: {fit(r.info.status, r.data.metrics, budget) for r in g} for n, g in done.items()}
+    states = {n: {fit(r.info.status, r.data.metrics, budget) for r in g if r.info.status in ("FINISHED", "FAILED")}
+              for n, g in done.items()}
     cpu = bool(done) and all(s == {"no GPU"} for s in states.values())
     fits = [n for n, s in states.items() if s == ({"no GPU"} if cpu else {"fits"})]
     if not fits:
@@ -606,8 +623,9 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
     ranked = sorted(fits, key=lambda n: statistics.median(finished_values(done[n], "samples_per_second")),
                     reverse=True)
     name, group = ranked[0], done[ranked[0]]
-    speed = statistics.median(finished_values(group, "samples_per_second"))
-    runs_of = f"median of {len(group)} runs" if len(group) > 1 else "one run"
+    speeds = finished_values(group, "samples_per_second")
+    speed = statistics.median(speeds)
+    runs_of = f"median of {len(speeds)} runs" if len(speeds) > 1 else "one run"
     if cpu:
         text = (f"No run measured GPU memory (they trained on the CPU), so none is judged against {memory_budget_gb:g} "
                 f"GB; the fastest here: {name} ({speed:.3g} samples/s, {runs_of}).")
@@ -617,7 +635,9 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
                 f"{peak / 1024:.1f} GB).")
     if len(ranked) > 1:
         close = against_spread(done[ranked[1]], group, "samples_per_second")
-        if not close.startswith("larger"):
+        if close.startswith("within"):
             text += f" {ranked[1]} is not told apart from it: {close}."
+        elif close.startswith("one run"):
+            text += f" Next: {ranked[1]}; one run of one of them, so no run-to-run spread tells them apart."
     busy = busy_runs([r for n in fits for r in done[n]])  # the runs the choice was made among
     return text + (f" But UNRELIABLE: {busy}, so rerun on an idle machine before choosing by speed." if busy else "")

@@ -338,7 +338,7 @@ def describe_time(est: dict, runs: int = 1) -> str:
     return (f"time on {est['gpu']}{rough}: about {minutes(est['seconds'])} a run ({est['steps']} steps of about "
             f"{est['step_seconds']:.2g} s, {est['micro_batch_tokens']:.0f} tokens a micro-batch of which "
             f"{est['padding_share']:.0%} padding, plus {compiling}the held-out answers and loading){whole}; rates from "
-            f"{est['source']}; {error_text()}")
+            f"{est['source']}" + ("" if rough else f"; {error_text()}"))
 
 
 def error_text() -> str:

@@ -195,16 +195,21 @@ def relocate_store(db: str) -> None:
         for location in locations:
             path = (location or "").removeprefix("file://")
             old, name = os.path.split(path.rstrip("/"))
-            if os.path.isabs(path) and name == ARTIFACT_DIR and old != root and (
-                    os.path.isdir(here) or not os.path.isdir(path)):
+            if os.path.isabs(path) and name == ARTIFACT_DIR and os.path.realpath(old) != os.path.realpath(root) and (
+                    os.path.isdir(here) or not os.path.isdir(path)):  # not another spelling of this folder
                 moved.add(old)
         for old in sorted(moved):
-            for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
-                for prefix in (f"file://{old}/{ARTIFACT_DIR}", f"{old}/{ARTIFACT_DIR}"):
-                    con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {column} = ? OR "
-                                f"substr({column}, 1, ?) = ?", (here, len(prefix) + 1, prefix, len(prefix) + 1,
-                                                                 prefix + "/"))
-            con.commit()
+            try:
+                for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+                    for prefix in (f"file://{old}/{ARTIFACT_DIR}", f"{old}/{ARTIFACT_DIR}"):
+                        con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE {column} = ? OR "
+                                    f"substr({column}, 1, ?) = ?", (here, len(prefix) + 1, prefix, len(prefix) + 1,
+                                                                     prefix + "/"))
+                con.commit()
+            except sqlite3.OperationalError as e:  # a read-only file, a writer holding it: read as it is, and said
+                print(f"dsnb: the store {db} was made in {old} and names its runs' files there; they could not be "
+                      f"pointed to {here} ({e})", file=sys.stderr)
+                return
             print(f"dsnb: the store {db} was made in {old}; its runs' files are now read and written in {here}",
                   file=sys.stderr)
 

@@ -738,7 +738,9 @@ def measure(s: Session, raw: dict, peaks: dict) -> tuple[dict, dict]:
     if metrics.get("peak_gpu_allocated_mb"):
         metrics["est_error_gpu"] = s.plan.estimate["est_peak_gpu_mb"] / metrics["peak_gpu_allocated_mb"] - 1
     metrics["est_error_host"] = s.plan.estimate["est_peak_host_mb"] / metrics["peak_cpu_rss_mb"] - 1
-    metrics.update(s.timer.throughput(prior=(s.prior["samples"], s.prior["tokens"])))  # a resumed run: the whole
+    # a resumed run: the whole run's tokens a sample (a checkpoint an older dsnb wrote has no tokens: this process's)
+    prior = (s.prior["samples"], s.prior["tokens"]) if s.prior["tokens"] else (0.0, 0.0)
+    metrics.update(s.timer.throughput(prior=prior))
     metrics.update(s.quality.metrics())
     flops, source = peak_flops(s.device)
     per_token = flops_per_token(s.plan.config, s.counts["trainable_params"], full=s.cfg.lora_r == 0)

@@ -263,7 +263,8 @@ Colab runtime, upload the `dsnb_mlflow.zip` that notebook 01 downloaded (the Fil
         new_code_cell("dsnb.savings_table(runs)"),
         new_code_cell("dsnb.plot_runs(runs, log=False)"),
         new_markdown_cell("## The fastest variant that fits the budget\nPeak GPU memory as NVML saw it "
-                          "(the CUDA context included), against `memory_budget_gb`; a run on the CPU took none."),
+                          "(the CUDA context included), against `memory_budget_gb`, by the median of each variant's "
+                          "repeats; runs on the CPU measured no GPU memory, so none is judged against it."),
         new_code_cell("print(dsnb.best_for_budget(runs, cfg.memory_budget_gb))"),
         new_markdown_cell("## Every run in MLflow's UI\nOn Colab it opens below, inside the notebook (served from this "
                           "runtime on 127.0.0.1); elsewhere the command that opens it for this store is printed."),

@@ -299,6 +299,10 @@ def test_a_store_read_back_keeps_every_repeat_of_the_newest_comparison(workdir):
 
     memory = {"Without_DeepSpeed": 9000.0, "With_DeepSpeed": 6000.0}
     comparison("old", [(99.0, 1.0)] * 3, memory)
+    failed = logged(workdir, "Without_DeepSpeed", {"samples_per_second": 1.0}, strategy="baseline")  # before its first
+    for key, value in (("comparison", "new"), ("repeat", "0")):  # checkpoint: the job ran again, its record kept
+        mlflow_client(failed.tracking_uri).set_tag(failed.run_id, key, value)
+    mlflow_client(failed.tracking_uri).set_terminated(failed.run_id, "FAILED")
     comparison("new", [(10.0, 6.0), (12.0, 7.0), (11.0, 20.0)], memory)  # the last repeat: the one newest of its name
     uri = f"sqlite:///{workdir}/mlflow.db"
     runs = find_runs(uri, "DeepSpeed_Comparison")
@@ -316,6 +320,8 @@ def test_a_store_read_back_keeps_every_repeat_of_the_newest_comparison(workdir):
     alone = find_runs(uri, "DeepSpeed_Comparison")  # a run made alone is newest of its name now: it stands alone
     assert sorted(r.metrics["samples_per_second"] for r in alone) == [10.0, 11.0, 12.0, 50.0]
     assert savings_table(alone).loc["With_DeepSpeed", "speed_vs_spread"] == "one run: no spread measured"
+    assert best_for_budget(alone, 15).endswith("Next: Without_DeepSpeed; one run of one of them, so no run-to-run "
+                                               "spread tells them apart.")
 
 
 def test_untimed_steps_beyond_the_run_say_the_throughput_includes_start_up():
