@@ -140,6 +140,8 @@ def compare_table(runs: list[RunResult]):
     tasks = eval_tasks(loaded)
     fp8 = any(r.data.params.get("quantization") == "fp8" for r in loaded)
     labels = {"mfu": "mfu (of bf16's peak; fp8 weights: bf16-equivalent, fp8's own peak is 2x)"} if fp8 else {}
+    if all(r.data.params.get("device") == "cpu" for r in loaded):  # trained on the CPU: metrics.mfu_text
+        labels["mfu"] = "mfu (of the CPU's nominal fp32 peak, assumed)"
     if busy_runs(loaded):  # every speed row, not only the verdict's line, says its runs shared the machine
         labels.update({key: f"{labels.get(key, key)} (UNRELIABLE: busy machine, see host_other_cores)"
                        for key in SPEEDS})

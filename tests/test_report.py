@@ -360,6 +360,10 @@ def test_the_table_shows_what_was_recorded_and_no_ratio_of_the_machines_load(wor
     assert gpu.loc["peak_gpu_allocated_mb", "c"] == "4,723" and gpu.loc["peak_gpu_allocated_mb", "a"] == ""
     assert gpu.loc["peak_gpu_nvml_mb", "c"] == "0" and gpu.loc["peak_gpu_allocated_mb", "c / a"] == ""  # a GPU's 0
     assert table.loc["host_other_cores", "b / a"] == "" and table.loc["samples_per_second", "b / a"] == "0.80x"
+    d, e = (logged(workdir, n, {"samples_per_second": 9.0, "mfu": 0.01, **cpu}, params={"device": "cpu"}) for n in "de")
+    assert "mfu (of the CPU's nominal fp32 peak, assumed)" in compare_table([d, e]).index  # on the CPU: which peak
+    gpu = logged(workdir, "f", {"mfu": 0.4, "peak_gpu_allocated_mb": 900.0}, params={"device": "cuda:0"})
+    assert "mfu" in compare_table([d, gpu]).index
 
 
 def test_mfu_beside_an_fp8_run_says_it_is_of_bf16s_peak_in_the_table(workdir):
