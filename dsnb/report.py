@@ -88,12 +88,13 @@ def grouped(loaded: list) -> dict[str, list]:
     return groups
 
 
-def summary(group: list, key: str) -> tuple[float, float, float] | None:
-    """(median, min, max) of a metric over a variant's finished runs (all its runs if none finished)."""
+def summary(group: list, key: str, finished_only: bool = False) -> tuple[float, float, float] | None:
+    """(median, min, max) of a metric over a variant's finished runs (all its runs if none finished, unless
+    finished_only: a failed run's speed is of the steps it made)."""
     import statistics
 
-    done = [r for r in group if r.info.status == "FINISHED"] or group
-    values = [r.data.metrics[key] for r in done if key in r.data.metrics]
+    done = [r for r in group if r.info.status == "FINISHED"] or ([] if finished_only else group)
+    values = [v for r in done if (v := r.data.metrics.get(key)) is not None and v == v]
     return (statistics.median(values), min(values), max(values)) if values else None
 
 
@@ -572,7 +573,7 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
     rows = []
     for name, group in groups.items():
         peak, base_peak = summary(group, memory), summary(groups[base], memory)
-        speed, base_speed = (finished_summary(g, "samples_per_second") for g in (group, groups[base]))
+        speed, base_speed = (summary(g, "samples_per_second", finished_only=True) for g in (group, groups[base]))
         busy = [busy_host(r.data.metrics) for r in group if busy_host(r.data.metrics)]
         rows.append({"run": name, "status": "/".join(sorted({status_label(r) for r in group})), "runs": len(group),
                      memory: peak and peak[0],
@@ -589,13 +590,6 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
 def finished_values(group: list, key: str) -> list[float]:
     """key's values over the group's finished runs (a failed run's speed is of the steps it made), NaN left out."""
     return [v for r in group if r.info.status == "FINISHED" and (v := r.data.metrics.get(key)) is not None and v == v]
-
-
-def finished_summary(group: list, key: str) -> tuple[float, float, float] | None:
-    import statistics
-
-    values = finished_values(group, key)
-    return (statistics.median(values), min(values), max(values)) if values else None
 
 
 def against_spread(group: list, base: list, key: str) -> str:
