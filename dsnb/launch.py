@@ -61,6 +61,7 @@ def _run_variant(cfg: RunConfig, progress: bool, tags: dict | None, env: dict | 
     run_id = tracking.create_run(cfg, tags, resume[0] if resume else sweep_run)
     bar = tqdm(desc=cfg.name, unit="step", disable=not progress, leave=True)
     started = time.perf_counter()
+    preflight.remove_left_folders()
     with tempfile.TemporaryDirectory(prefix="dsnb-") as tmp:
         log_file, progress_file = os.path.join(tmp, "train.log"), os.path.join(tmp, "progress")
         child_file = os.path.join(tmp, "child.json")
@@ -331,7 +332,7 @@ def child_main(path: str) -> int:
     signal.signal(signal.SIGTERM, _terminated)
     # Started from a shell's background job (or nohup), a process inherits SIGINT ignored and Python leaves it so:
     # the parent's interrupt and the watch below would go unheard.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _interrupted)
     watch_parent(child["parent_pid"])
     from .train import Reporter, train  # deferred: the parent that starts children never loads the training stack
 
@@ -382,6 +383,16 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
+# Why this process was sent SIGINT: its parent's interrupt (passed on to it), unless watch_parent found the parent gone
+PARENT_GONE: list[str] = []
+
+
+def _interrupted(signum, frame):
+    """SIGINT as a KeyboardInterrupt that says where it came from: the run's error tag, and the resumed tag of a run
+    resumed from it, read this (tracking.interruption)."""
+    raise KeyboardInterrupt(PARENT_GONE[0] if PARENT_GONE else "its parent stopped it (Ctrl-C, a stop button, SIGTERM)")
+
+
 def watch_parent(pid: int) -> None:
     """If the process that started this one dies (killed, its kernel shut down, or the launcher of a rank: torchrun's
     or DeepSpeed's agent, gone with its node), stop as if interrupted, rather than run on alone (a new dsnb here waits
@@ -390,6 +401,7 @@ def watch_parent(pid: int) -> None:
     def watch():
         while preflight.alive(pid):
             time.sleep(1)
+        PARENT_GONE.append(f"its parent process {pid} ended (killed, or its kernel or runtime stopped)")
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=watch, daemon=True).start()

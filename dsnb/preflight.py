@@ -201,6 +201,32 @@ def orphans(tracking_uri: str | None = None) -> list:
     return found
 
 
+def remove_left_folders() -> list[str]:
+    """The launch folders (dsnb-* in the temporary folder: a variant's child.json, train.log and progress) left where a
+    variant's processes were all killed at once (a SIGKILL to a sweep's whole process group, a kernel and its child
+    OOM-killed together), which none of them could remove: removed where the parent named in its child.json has ended
+    and no process runs from it. A folder without a readable child.json (being written) is left alone."""
+    import psutil
+
+    folders = glob.glob(os.path.join(tempfile.gettempdir(), "dsnb-*"))
+    if not folders:
+        return []
+    used = set()
+    for process in psutil.process_iter(["cmdline"]):
+        used.update(os.path.dirname(arg) for arg in process.info["cmdline"] or [] if arg.endswith("child.json"))
+    removed = []
+    for folder in folders:
+        try:
+            with open(os.path.join(folder, "child.json")) as f:
+                parent = int(json.load(f)["parent_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not alive(parent) and folder not in used:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def writes_to(process, command: list[str], tracking_uri: str) -> bool:
     """Whether a training process may log into the store tracking_uri, as its child file's config says: the same
     SQLite file (a relative path read from the process's own folder), or a store of any other kind on either side (a

@@ -1019,6 +1019,13 @@ class Curve:
                 self.write()
 
 
+def interruption(error: KeyboardInterrupt) -> str:
+    """An interrupt in words: what stopped the run (SIGTERM, its parent gone or interrupted), not the exception's name
+    alone (Ctrl-C raises KeyboardInterrupt with no text)."""
+    return f"interrupted: {describe(error, 500).removeprefix('KeyboardInterrupt: ')}" if str(error) else \
+        "interrupted (Ctrl-C)"
+
+
 def record_failure(error: BaseException, measured: dict) -> None:
     """What a failed run measured, why it failed (oom, interrupted or the error's type) and its traceback, on
     the active run. An interrupt (Ctrl-C, SIGTERM, the parent gone) ends the run KILLED, any other error FAILED."""
@@ -1029,7 +1036,7 @@ def record_failure(error: BaseException, measured: dict) -> None:
     oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
     interrupted = isinstance(error, KeyboardInterrupt)
     failure = "oom" if oom else "interrupted" if interrupted else type(error).__name__
-    mlflow.set_tags({"failure": failure, "error": describe(error, 500)})
+    mlflow.set_tags({"failure": failure, "error": interruption(error) if interrupted else describe(error, 500)})
     mlflow.log_text(redact("".join(traceback.format_exception(error))), "error.txt")
     if interrupted:
         STOPPED.append(mlflow.active_run().info.run_id)

@@ -32,6 +32,9 @@ def test_jupyter_interrupt_stops_the_running_variant(workdir):
         reply = reply_to(kc, msg_id, timeout=180)
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         assert_killed_with_what_it_measured(uri, run.info.run_id)
+        # what stopped it in words (a resumed run's tag quotes this), not "KeyboardInterrupt"
+        assert mlflow.MlflowClient(uri).get_run(run.info.run_id).data.tags["error"] == \
+            "interrupted: its parent stopped it (Ctrl-C, a stop button, SIGTERM)"
         no_child_left(str(workdir))
         assert not [p for p in os.listdir(workdir) if p.startswith("dsnb-")]  # the child's temporary folder is gone
         assert reply_to(kc, kc.execute("x = 6 * 7"), timeout=60)["status"] == "ok"  # the kernel lives on
@@ -92,5 +95,7 @@ def test_a_variant_whose_parent_is_killed_stops_itself(workdir):
     parent.kill()
     parent.wait()
     assert_killed_with_what_it_measured(uri, run.info.run_id)  # KILLED, failure=interrupted, its log and metrics
+    assert mlflow.MlflowClient(uri).get_run(run.info.run_id).data.tags["error"] == \
+        f"interrupted: its parent process {parent.pid} ended (killed, or its kernel or runtime stopped)"
     no_child_left(str(workdir))
     assert not [p for p in os.listdir(workdir) if p.startswith("dsnb-")]  # the orphan removed its folder

@@ -388,3 +388,36 @@ def test_a_lock_left_in_deepspeeds_comm_op_is_taken_over_before_a_zero_run(tmp_p
     check(cfg.replace(strategy="zero2", offload_optimizer="none"), "cpu")
     assert not lock.exists() and "took over the build lock of DeepSpeed's shared-memory comm op" in \
         capsys.readouterr().out
+
+
+def test_launch_folders_left_by_a_group_killed_at_once_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
+    """A variant's launch folder (dsnb-* in the temporary folder) whose parent and child were SIGKILLed together is
+    removed at the next launch; one whose parent lives, one a process still runs from, and one being written stay."""
+    import sys
+    import tempfile
+
+    from dsnb.preflight import remove_left_folders
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+
+    def folder(name, parent):
+        path = tmp_path / name
+        path.mkdir()
+        if parent is not None:
+            (path / "child.json").write_text(json.dumps({"parent_pid": parent, "run_id": "x"}))
+            (path / "train.log").write_text("step 1\n")
+        return path
+
+    dead, live, writing = folder("dsnb-dead", ended.pid), folder("dsnb-live", os.getpid()), folder("dsnb-new", None)
+    running = folder("dsnb-running", ended.pid)  # its parent gone, its child still stopping itself
+    other = folder("other-dead", ended.pid)  # not a launch folder
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(running / "child.json")])
+    try:
+        assert remove_left_folders() == [str(dead)]
+        assert not dead.exists() and live.exists() and writing.exists() and running.exists() and other.exists()
+    finally:
+        child.kill()
+        child.wait()
+    assert remove_left_folders() == [str(running)]
