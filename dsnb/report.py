@@ -213,6 +213,28 @@ def verdict(runs: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+# The false-alarm rate a "larger than the spread" verdict is held to: the rank test's p at most this. Ranges that do not
+# overlap give p = 0.10 with 3 runs a side, 0.33 with 2: too few runs cannot tell a difference from chance, and say so.
+FALSE_ALARM = 0.10
+
+
+def spread_verdict(a: list[float], b: list[float]) -> tuple[str, float | None]:
+    """Two sets of repeats' values against each other: ("one run", None) where a side has one, else ("within" where
+    their ranges overlap, "larger" where they do not and the exact rank test's p is at most FALSE_ALARM, "too few"
+    where they do not but so few runs split that way by chance more often than that) and the p."""
+    if min(len(a), len(b)) < 2:
+        return "one run", None
+    p = rank_test_p(a, b)
+    if min(a) <= max(b) and min(b) <= max(a):
+        return "within", p
+    return ("larger" if p <= FALSE_ALARM + 1e-9 else "too few"), p
+
+
+def too_few_text(a: list, b: list, p: float) -> str:
+    return (f"their ranges do not overlap, but {len(a)} and {len(b)} runs split that way by chance {p:.0%} of the "
+            f"time: too few to tell from the run-to-run spread (3 each hold that to {FALSE_ALARM:.0%})")
+
+
 def spread_line(group: list, base: list, key: str, what: str, name: str, base_name: str) -> str:
     a, b = summary(group, key), summary(base, key)
     if a is None or b is None:
@@ -220,15 +242,17 @@ def spread_line(group: list, base: list, key: str, what: str, name: str, base_na
     values = [[r.data.metrics[key] for r in g if key in r.data.metrics and r.info.status == "FINISHED"]
               for g in (group, base)]
     line = f"{what}: {name} {_number(a[0])} vs {base_name} {_number(b[0])}" + (f" ({a[0] / b[0]:.2f}x)" if b[0] else "")
-    if min(len(v) for v in values) < 2:
+    kind, p = spread_verdict(*values)
+    if kind == "one run":
         return line + "; one run each, so no run-to-run spread was measured: repeat before reading it as a finding"
-    p = rank_test_p(*values)
     counts = f"{len(values[0])} and {len(values[1])} runs"
-    if a[1] <= b[2] and b[1] <= a[2]:
+    if kind == "within":
         return line + f"; medians of {counts}, and their ranges overlap: within the run-to-run spread (p = {p:.2f})"
-    return line + (f"; medians of {counts}, ranges {_number(a[1])}-{_number(a[2])} and {_number(b[1])}-"
-                   f"{_number(b[2])}: larger than the run-to-run spread (p = {p:.2f}: runs that differ only by chance "
-                   "split this way that often)")
+    ranges = f"; medians of {counts}, ranges {_number(a[1])}-{_number(a[2])} and {_number(b[1])}-{_number(b[2])}: "
+    if kind == "too few":
+        return line + ranges + too_few_text(*values, p) + ": repeat before reading it as a finding"
+    return line + ranges + (f"larger than the run-to-run spread (p = {p:.2f}: runs that differ only by chance split "
+                            "this way that often)")
 
 
 def busy_runs(loaded: list) -> str:
@@ -596,10 +620,12 @@ def against_spread(group: list, base: list, key: str) -> str:
     """Whether a variant's metric differs from the baseline's by more than their repeats' spread, with the rank test's
     p-value (the rate at which runs that differ only by chance split as these do); one run a side measures none."""
     a, b = finished_values(group, key), finished_values(base, key)
-    if min(len(a), len(b)) < 2:
+    kind, p = spread_verdict(a, b)
+    if kind == "one run":
         return "one run: no spread measured"
-    overlap = min(a) <= max(b) and min(b) <= max(a)
-    return f"{'within' if overlap else 'larger than'} the spread (p = {rank_test_p(a, b):.2f})"
+    if kind == "too few":
+        return f"too few runs to tell from the spread (p = {p:.2f})"
+    return f"{'within' if kind == 'within' else 'larger than'} the spread (p = {p:.2f})"
 
 
 def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
@@ -631,7 +657,7 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
                 f"{peak / 1024:.1f} GB).")
     if len(ranked) > 1:
         close = against_spread(done[ranked[1]], group, "samples_per_second")
-        if close.startswith("within"):
+        if close.startswith(("within", "too few")):
             text += f" {ranked[1]} is not told apart from it: {close}."
         elif close.startswith("one run"):
             text += f" Next: {ranked[1]}; one run of one of them, so no run-to-run spread tells them apart."

@@ -200,6 +200,25 @@ def test_runs_that_measured_nothing_still_plot(workdir):
     assert image.data[:4] == b"\x89PNG"
 
 
+def test_ranges_apart_with_too_few_runs_are_not_called_larger_than_the_spread(workdir):
+    """Two runs a side whose ranges do not overlap split so by chance a third of the time: no verdict of "larger than
+    the spread" (its false-alarm rate is 10%) in the comparison's words, the savings table or the pick for a budget."""
+    from dsnb.report import FALSE_ALARM, best_for_budget, rank_test_p, savings_table
+
+    idle = dict(host_other_cores=0.02, host_cores=16.0, peak_cpu_rss_mb=1000.0)
+    base = [logged(workdir, "Without_DeepSpeed", dict(idle, samples_per_second=10.0 + i)) for i in range(2)]
+    fast = [logged(workdir, "With_DeepSpeed", dict(idle, samples_per_second=20.0 + i)) for i in range(2)]
+    assert rank_test_p([10.0, 11.0], [20.0, 21.0]) > FALSE_ALARM  # 1/3: the case this test is about
+    text = verdict(base + fast)
+    assert "larger than" not in text, text
+    assert "split that way by chance 33% of the time: too few to tell from the run-to-run spread" in text, text
+    assert savings_table(base + fast)["speed_vs_spread"].iloc[-1] == "too few runs to tell from the spread (p = 0.33)"
+    assert "Without_DeepSpeed is not told apart from it: too few runs" in best_for_budget(base + fast, 15)
+    third = logged(workdir, "With_DeepSpeed", dict(idle, samples_per_second=22.0))
+    fourth = logged(workdir, "Without_DeepSpeed", dict(idle, samples_per_second=12.0))
+    assert "larger than the run-to-run spread (p = 0.10" in verdict(base + fast + [third, fourth])
+
+
 def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
     idle = dict(host_other_cores=0.02, host_cores=16.0, peak_cpu_rss_mb=1000.0)
     base = [logged(workdir, "Without_DeepSpeed", dict(idle, samples_per_second=10.0 + i)) for i in range(3)]
