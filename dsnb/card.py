@@ -62,13 +62,14 @@ def card(cfg: RunConfig, m: dict, run_id: str, kind: str, extra: dict, scoring: 
     hub = "/" in base and not cfg.model.startswith("synthetic:") and not os.path.exists(cfg.model)
     front = ["---", *([f"base_model: {base}"] if hub else []),
              f"library_name: {'peft' if kind == 'adapter' else 'transformers'}",
-             "tags: [dsnb, deepspeed, " + ("lora, " if cfg.lora_r else "") + "question-answering]",
+             "tags: [dsnb, " + ("deepspeed, " if cfg.zero_stage is not None else "") + ("lora, " if cfg.lora_r else "")
+             + "question-answering]",
              *([f"datasets: [{HUB_DATASETS[cfg.dataset]}]"] if cfg.dataset in HUB_DATASETS else []), "---", ""]
     synthetic = cfg.model.startswith("synthetic:")
     task = eval_task(cfg)
     rows = [("base model", base + (synthetic_note(cfg.model, cfg.preset) if synthetic else "")),
             ("data", f"{data_name(cfg)}: the first {cfg.num_samples} training rows, prompt `{cfg.prompt}` ({task})"),
-            ("recipe", recipe(cfg)), ("DeepSpeed", deepspeed_name(cfg))]
+            ("recipe", recipe(cfg, "peak_gpu_allocated_mb" in m)), ("DeepSpeed", deepspeed_name(cfg))]
     for name, label in (("eval", f"held-out questions ({task})"), ("recall", "trained questions (recall)")):
         if f"{name}_exact_match" in m:
             rows.append((label, scores_text(m, name)))
@@ -99,14 +100,19 @@ def data_name(cfg: RunConfig) -> str:
     return "dsnb's synthetic SQuAD-format set" if cfg.dataset == "synthetic" else os.path.basename(cfg.dataset)
 
 
-def recipe(cfg: RunConfig) -> str:
+def recipe(cfg: RunConfig, on_gpu: bool) -> str:
+    """How the run trained, in a line: what was trained, its weights, loop, learning rate, batch (per GPU, or the CPU's
+    processes), steps and the seed it trained with (seed + repeat)."""
     trained = (f"LoRA r {cfg.lora_r}, alpha {cfg.lora_alpha}, dropout {cfg.lora_dropout} on {cfg.lora_targets}"
                if cfg.lora_r else "every weight trained")
     steps = f"{cfg.max_steps} steps" if cfg.max_steps else f"{cfg.epochs:g} epochs"
     weights = cfg.quantization if cfg.quantization != "none" else "unquantized"
-    return (f"{trained}; base weights {weights}, {cfg.dtype}; "
+    loop = "dsnb's compiled loop" if cfg.torch_compile else "the HF Trainer"
+    where = f"{cfg.num_gpus} GPU(s)" if on_gpu else f"{cfg.num_gpus} CPU process(es)"
+    seed = f"seed {cfg.run_seed}" + (f" ({cfg.seed} + repeat {cfg.repeat})" if cfg.repeat else "")
+    return (f"{trained}; base weights {weights}, {cfg.dtype}; {loop}; "
             f"lr {cfg.learning_rate:g} (warm-up {cfg.lr_warmup_steps}), batch {cfg.batch_size} x {cfg.grad_accum} "
-            f"x {cfg.num_gpus} GPU(s), {steps}, seed {cfg.seed}")
+            f"x {where}, {steps}, {seed}")
 
 
 def deepspeed_name(cfg: RunConfig) -> str:

@@ -43,7 +43,8 @@ def _compare(cfg: RunConfig, progress: bool, again: bool) -> list[RunResult]:
                       "recorded, nothing is trained again (compare(cfg, again=True), or --again, measures it afresh)")
     kept, resumes, cfgs, tags = {}, [], [], []
     for place, c in enumerate(jobs):
-        result, resume = reuse(c, earlier.get(key(c)), progress, f"{c.name} (repeat {c.repeat + 1})")
+        which = f"{c.name} (run {c.repeat + 1} of {cfg.runs_each}: repeat {c.repeat})"  # the field counts from 0
+        result, resume = reuse(c, earlier.get(key(c)), progress, which)
         if result is not None:
             kept[place] = result
             continue

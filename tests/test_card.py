@@ -67,3 +67,19 @@ def test_each_figure_on_a_card_says_what_it_can_mean():
     gpu = card(RunConfig(**OFFLINE), {**MEASURED, "peak_gpu_allocated_mb": 900.0, "peak_gpu_nvml_mb": 1000.0}, "r",
                "adapter", {}, "squad")
     assert "MFU 1.0%" in gpu and "CPU's nominal" not in gpu
+
+
+def test_a_cards_recipe_names_the_seed_the_loop_and_the_device_the_run_trained_with():
+    """A repeat trains with seed + repeat, and its card says that seed (the model reloads to its run's numbers only
+    with it); the loop that trained it; GPUs only where it trained on GPUs; DeepSpeed among the tags only where used."""
+    def recipe_line(text):
+        return next(line for line in text.splitlines() if line.startswith("| recipe |"))
+
+    repeat = card(RunConfig(**OFFLINE, repeat=1, strategy="zero2"), MEASURED, "r", "adapter", {}, "squad")
+    assert "the HF Trainer;" in recipe_line(repeat) and recipe_line(repeat).endswith(", seed 43 (42 + repeat 1) |")
+    assert "x 1 CPU process(es)" in recipe_line(repeat) and "GPU" not in recipe_line(repeat)
+    assert "tags: [dsnb, deepspeed, lora, question-answering]" in repeat
+    on_gpu = {**MEASURED, "peak_gpu_allocated_mb": 900.0, "peak_gpu_nvml_mb": 1000.0}
+    gpu = card(RunConfig(**OFFLINE, torch_compile=True, quantization="none"), on_gpu, "r", "adapter", {}, "squad")
+    assert "dsnb's compiled loop;" in recipe_line(gpu) and recipe_line(gpu).endswith("x 1 GPU(s), 8 steps, seed 42 |")
+    assert "tags: [dsnb, lora, question-answering]" in gpu  # no DeepSpeed in this run

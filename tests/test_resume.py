@@ -263,10 +263,10 @@ def assert_resumed_whole(workdir, again, target):
     """The comparison run again kept the finished variant and resumed the other into its own run, which reads as one
     never stopped: FINISHED, every step's loss once, no failure recorded on it."""
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "Without_DeepSpeed (repeat 1): kept its FINISHED run" in again.stdout
+    assert "Without_DeepSpeed (run 1 of 1: repeat 0): kept its FINISHED run" in again.stdout
     # interrupted: its process saw the launcher go, stopped and recorded it (the rerun waits for that)
-    assert re.search(f"With_DeepSpeed \\(repeat 1\\): resumes its run {target.info.run_id} \\(interrupted\\) "
-                     "from checkpoint-", again.stdout), (  # the stopped process's log, read only on a failure
+    assert re.search(f"With_DeepSpeed \\(run 1 of 1: repeat 0\\): resumes its run {target.info.run_id} "
+                     "\\(interrupted\\) from checkpoint-", again.stdout), (  # its stopped process's log, on a failure
         again.stdout, again.stderr[-3000:],
         read_log(mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db"), target.info.run_id)[-4000:])
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
