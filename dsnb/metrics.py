@@ -324,20 +324,21 @@ def mfu_text(m: dict, quantization: str, digits: int = 2) -> str:
                    else "")
 
 
+def wilson(share: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's 95% interval for a share of n questions answered right (72 questions leave about +-0.1)."""
+    import math
+
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def scores_text(m: dict, name: str) -> str:
     """A run's held-out (name "eval") or recall scores in words: exact match before -> after with the after score's
     95% interval over its questions (Wilson's, for a share of n questions: 72 questions leave about +-0.1), F1 before ->
     after, and how many questions."""
-    import math
-
     n, after = m.get(f"{name}_questions", 0), m[f"{name}_exact_match"]
-    z = 1.96
-    if n:
-        centre, half = (after + z * z / (2 * n)) / (1 + z * z / n), \
-            z * math.sqrt(after * (1 - after) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        interval = f" (95% interval {max(0.0, centre - half):.2f}-{min(1.0, centre + half):.2f})"
-    else:
-        interval = ""
+    interval = " (95% interval {:.2f}-{:.2f})".format(*wilson(after, n)) if n else ""
     return (f"exact match {m.get(f'{name}_exact_match_before', 0):.2f} -> {after:.2f}{interval}, F1 "
             f"{m.get(f'{name}_f1_before', 0):.2f} -> {m.get(f'{name}_f1', 0):.2f} on {n:.0f} questions")
 

@@ -224,15 +224,18 @@ def kaggle_secret(name: str) -> str:
 
 def keep(result: RunResult, folder: str = "", merge: bool = False, push_to: str = "", token: str = "") -> str:
     """A notebook's one call to keep a run's model: saved first (merged with merge) into folder, then pushed to the hub
-    repository push_to when given (the token from hub_token() unless passed). folder defaults to adapter-<run> or
-    merged-<run>, under <results_folder>/models/ where the run has a results_folder (kept with its store); one that
-    already holds this run's model of that kind is kept, not written again. A push that fails says in one line what
-    was saved where and why, and the folder is returned all the same: Run all goes on. Returns the folder."""
+    repository push_to when given (the token from hub_token() unless passed). folder defaults to adapter-<run>,
+    merged-<run> or, for a fully fine-tuned run (nothing to merge: merge is ignored, and said to be), model-<run>,
+    under <results_folder>/models/ where the run has a results_folder (kept with its store); one that already holds
+    this run's model of that kind is kept, not written again. A push that fails says in one line what was saved where
+    and why, and the folder is returned all the same: Run all goes on. Returns the folder."""
     cfg = run_config(mlflow_client(existing_store(result.tracking_uri)).get_run(result.run_id))
-    name = f"{'merged' if merge else 'adapter'}-{result.run_id[:8]}"
+    merging = merge and cfg.lora_r > 0  # a fully trained model has nothing to merge
+    if merge and not merging:
+        print(f"run {result.run_id} fine-tuned every weight: there is no adapter to merge, so its model is saved whole")
+    name = f"{'merged' if merging else 'adapter' if cfg.lora_r else 'model'}-{result.run_id[:8]}"
     default = os.path.join(cfg.results_folder, "models", name) if cfg.results_folder else name
     folder = folder or default
-    merging = merge and cfg.lora_r > 0  # a fully trained model has nothing to merge
     held = read_saved(folder) if os.path.isdir(folder) else {}
     if held.get("run_id") == result.run_id:
         if bool(held.get("merged")) != merging:

@@ -14,7 +14,7 @@ import io
 
 from .config import WORK_FIELDS, redact
 from .data import eval_task
-from .metrics import Budget, busy_host, fit, gpu_taken_mb, mfu_text, scores_text, synthetic_note
+from .metrics import Budget, busy_host, fit, gpu_taken_mb, mfu_text, scores_text, synthetic_note, wilson
 from .tracking import RunResult, existing_store, mlflow_client, oom_guess, params_then, search, ui_command
 
 # The tutorial's metrics first, then the ones that measure what it meant to.
@@ -128,7 +128,8 @@ def compare_table(runs: list[RunResult]):
         for key in METRICS:
             s = summary(group, key)
             cells.append("" if s is None else _number(s[0]) + (f" [{_number(s[1])}-{_number(s[2])}]"
-                                                                if len(group) > 1 and s[1] != s[2] else ""))
+                                                                if len(group) > 1 and s[1] != s[2] else "")
+                         + score_interval(group, key, s))
         columns[name] = cells
     names = list(groups)
     for name in names[1:]:
@@ -150,6 +151,15 @@ def compare_table(runs: list[RunResult]):
              for key in METRICS]
     table = pd.DataFrame(columns, index=["status", "runs"] + index)
     return table[(table != "").any(axis=1)]
+
+
+def score_interval(group: list, key: str, s: tuple | None) -> str:
+    """Beside a held-out or recall exact match (the median of a variant's runs): its 95% interval over the questions
+    asked (metrics.wilson), as each run's summary and card give it."""
+    if s is None or key not in ("eval_exact_match", "recall_exact_match"):
+        return ""
+    asked = summary(group, key.replace("exact_match", "questions"))
+    return " (95% {:.2f}-{:.2f})".format(*wilson(s[0], asked[0])) if asked and asked[0] else ""
 
 
 def eval_tasks(loaded: list) -> str:

@@ -33,11 +33,12 @@ def trained(tmp_path_factory):
     data.write_text("\n".join(json.dumps(row, ensure_ascii=False) for row in synthetic_squad(80)))
     kept = RunConfig.layered(fields, {"results_folder": str(folder / "results"), "dataset": str(data),
                                       "run_name": "kept"})
+    full = kept.replace(lora_r=0, learning_rate=1e-3, run_name="full")
     cfgs = [cfg, cfg.replace(quantization="8bit", run_name="eight"), cfg.replace(quantization="4bit", run_name="four"),
-            kept]
+            kept, full]
     runs = train_here(cfgs, folder)
     results = {c.quantization: RunResult.read(uri, runs[c.name].run_id) for c in cfgs[:3]}
-    return folder, {**results, "kept": RunResult.read(kept.tracking_uri, runs["kept"].run_id)}
+    return folder, {**results, **{c.name: RunResult.read(kept.tracking_uri, runs[c.name].run_id) for c in cfgs[3:]}}
 
 
 def test_a_saved_adapter_reloads_with_the_runs_logits_and_merges(trained):
@@ -182,3 +183,11 @@ def test_keep_saves_with_the_results_merges_only_what_it_says_and_a_failed_push_
         assert json.load(open(os.path.join(merged_folder, "dsnb_run.json")))["merged"] is True
         assert out[-1].startswith(f"dsnb: {merged_folder} is saved but was not pushed to me/model: ") and why in out[-1]
         assert "--token" not in out[-1]
+    # a fully fine-tuned run has no adapter: its folder says "model", and merge (nothing to merge) saves no second copy
+    full = runs["full"]
+    whole = keep(full)
+    assert whole == str(folder / "results" / "models" / f"model-{full.run_id[:8]}")
+    assert keep(full, merge=True) == whole and "no adapter to merge" in capsys.readouterr().out
+    assert "fully fine-tuned model" in open(os.path.join(whole, "README.md")).read()
+    assert sorted(p.name for p in (folder / "results" / "models").iterdir() if full.run_id[:8] in p.name) == [
+        f"model-{full.run_id[:8]}"]

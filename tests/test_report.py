@@ -456,3 +456,17 @@ def test_a_moved_store_reads_and_writes_its_own_files(workdir):
     assert client.get_run(run.run_id).info.artifact_uri.startswith(str(moved / "mlartifacts"))
     assert client.get_experiment_by_name("DeepSpeed_Comparison").artifact_location == str(moved / "mlartifacts")
     assert list(answers([run]).data["a: after"]) == ["gold q1", "no"]
+
+
+def test_the_comparison_table_gives_each_held_out_exact_match_its_interval(workdir):
+    """The table's held-out exact match carries its 95% interval over the questions asked (Wilson's: 54 of 72 right
+    is 0.64-0.84), as a run's summary and card do; a 0.75 on 8 questions is told apart from one on 72."""
+    from dsnb.report import compare_table
+
+    scores = dict(eval_exact_match=0.75, eval_f1=0.8, eval_exact_match_before=0.0, samples_per_second=1.0)
+    many = logged(workdir, "many", dict(scores, eval_questions=72.0))
+    few = logged(workdir, "few", dict(scores, eval_questions=8.0))
+    table = compare_table([many, few])
+    row = next(i for i in table.index if i.startswith("eval_exact_match ("))
+    assert table.loc[row, "many"] == "0.75 (95% 0.64-0.84)" and table.loc[row, "few"] == "0.75 (95% 0.41-0.93)"
+    assert table.loc[row, "few / many"] == "1.00x"
