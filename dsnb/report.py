@@ -142,6 +142,9 @@ def compare_table(runs: list[RunResult]):
     tasks = eval_tasks(loaded)
     fp8 = any(r.data.params.get("quantization") == "fp8" for r in loaded)
     labels = {"mfu": "mfu (of bf16's peak; fp8 weights: bf16-equivalent, fp8's own peak is 2x)"} if fp8 else {}
+    # the whole training call, compiling and untimed steps included: samples_per_second is the steady state
+    labels.update({key: f"{key} (the whole training call: first steps and compiling included)"
+                   for key in ("train_runtime_sec", "train_samples_per_second", "train_steps_per_second")})
     if all(r.data.params.get("device") == "cpu" for r in loaded):  # trained on the CPU: metrics.mfu_text
         labels["mfu"] = "mfu (of the CPU's nominal fp32 peak, assumed)"
     if busy_runs(loaded):  # every speed row, not only the verdict's line, says its runs shared the machine
@@ -210,6 +213,10 @@ def verdict(runs: list[RunResult]) -> str:
     on_gpu = any((summary(g, "peak_gpu_allocated_mb") or (0,))[0] for g in groups.values())
     memory = "peak_gpu_allocated_mb" if on_gpu else "peak_cpu_rss_mb"
     busy = busy_runs([r for g in groups.values() for r in g])
+    if len(names) > 1 and all(r.data.params.get("device") == "cpu" for g in groups.values() for r in g):
+        lines.append("on the CPU: these speeds and memory figures are of this machine's processes; ZeRO and offload "
+                     "have no GPU memory to save here and their costs differ on a GPU, so they tell nothing of a GPU's "
+                     "figures (run on a GPU for those)")
     for name in names[1:]:
         for key, what in (("samples_per_second", "samples/s"), (memory, memory.replace("_", " "))):
             line = spread_line(groups[name], groups[names[0]], key, what, name, names[0])
@@ -609,6 +616,7 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
         peak, base_peak = summary(group, memory), summary(groups[base], memory)
         speed, base_speed = (summary(g, "samples_per_second", finished_only=True) for g in (group, groups[base]))
         busy = [busy_host(r.data.metrics) for r in group if busy_host(r.data.metrics)]
+        other = work_difference(group, groups[base]) if name != base else ""
         rows.append({"run": name, "status": "/".join(sorted({status_label(r) for r in group})), "runs": len(group),
                      memory: peak and peak[0],
                      saved: 1 - peak[0] / base_peak[0] if peak and base_peak and base_peak[0] else None,
@@ -616,9 +624,20 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
                      "speed_ratio": speed[0] / base_speed[0] if speed and base_speed and base_speed[0] else None,
                      "speed_vs_spread": "" if name == base else "no finished run" if not (speed and base_speed)
                      else against_spread(group, groups[base], "samples_per_second"),
-                     "note": f"timed on a busy machine: {busy[0]}" + (f" ({len(busy)} of its {len(group)} runs)"
-                                                                      if len(group) > 1 else "") if busy else ""})
+                     "note": "; ".join(filter(None, [
+                         f"other work than {base} ({other}): its ratios are not of the DeepSpeed settings alone"
+                         if other else "",
+                         f"timed on a busy machine: {busy[0]}" + (f" ({len(busy)} of its {len(group)} runs)"
+                                                                  if len(group) > 1 else "") if busy else ""]))})
     return pd.DataFrame(rows).set_index("run")
+
+
+def work_difference(group: list, base: list) -> str:
+    """The fields that set the work (config.WORK_FIELDS: the model, what is trained, the data, batch and steps) where a
+    variant's runs differ from the baseline's, in words ("" where none does)."""
+    mine, theirs = (params_then(g[0].data.params) for g in (group, base))
+    return ", ".join(f"{key} {mine.get(key)} vs {theirs.get(key)}" for key in WORK_FIELDS
+                     if mine.get(key) != theirs.get(key))
 
 
 def finished_values(group: list, key: str) -> list[float]:

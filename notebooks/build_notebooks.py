@@ -257,9 +257,16 @@ Colab runtime, upload the `dsnb_mlflow.zip` that notebook 01 downloaded (the Fil
                           "runs train another model on other data, so they are left out of the comparison."),
         new_code_cell("import dsnb\n\ncfg = dsnb.from_notebook(globals(), check=False)\n"
                       "runs = dsnb.compared_runs(cfg)\ndsnb.compare_table(runs)"),
+        new_markdown_cell("## In words\nEach variant against the first: speed and memory against the repeats' "
+                          "spread, the held-out answers question by question, and what a figure cannot mean here (a "
+                          "busy machine, runs on the CPU, a random synthetic model)."),
+        new_code_cell("print(dsnb.verdict(runs))"),
         new_markdown_cell("## Memory saved and speed lost against the baseline\nMedians of each variant's repeats; "
-                          "`speed_vs_spread` says whether the speed differs by more than the repeats' spread (the "
-                          "rank test's p: how often runs that differ only by chance split so)."),
+                          "the memory saved is a share of the baseline's peak (0.25: a quarter less; below 0: more), "
+                          "`speed_ratio` the variant's samples/s over the baseline's; `speed_vs_spread` says whether "
+                          "the speed differs by more than the repeats' spread (the rank test's p: how often runs that "
+                          "differ only by chance split so); the note says where a variant trains other work than the "
+                          "baseline, or was timed on a busy machine."),
         new_code_cell("dsnb.savings_table(runs)"),
         new_code_cell("dsnb.plot_runs(runs, log=False)"),
         new_markdown_cell("## The fastest variant that fits the budget\nPeak GPU memory as NVML saw it "

@@ -470,3 +470,24 @@ def test_the_comparison_table_gives_each_held_out_exact_match_its_interval(workd
     row = next(i for i in table.index if i.startswith("eval_exact_match ("))
     assert table.loc[row, "many"] == "0.75 (95% 0.64-0.84)" and table.loc[row, "few"] == "0.75 (95% 0.41-0.93)"
     assert table.loc[row, "few / many"] == "1.00x"
+
+
+def test_a_comparison_says_where_runs_trained_other_work_or_on_the_cpu(workdir):
+    """The savings table's note names the fields that set the work where a variant differs from the baseline (full
+    fine-tuning against LoRA: its ratios are not of the DeepSpeed settings alone); the verdict says that runs on the
+    CPU tell nothing of a GPU's figures, and says nothing of the kind for GPU runs."""
+    from dsnb.report import savings_table
+
+    idle = dict(host_other_cores=0.02, host_cores=16.0, peak_cpu_rss_mb=1000.0, samples_per_second=10.0)
+    cpu = {"device": "cpu"}
+    base = logged(workdir, "Without_DeepSpeed", idle, params=cpu, strategy="baseline")
+    same = logged(workdir, "With_DeepSpeed", idle, params=cpu, strategy="zero2", offload_optimizer="cpu")
+    full = logged(workdir, "full", idle, params=cpu, strategy="zero2", lora_r=0, quantization="none")
+    notes = savings_table([base, same, full])["note"]
+    assert notes["With_DeepSpeed"] == "" and notes["full"].startswith(
+        "other work than Without_DeepSpeed (quantization none vs 8bit, lora_r 0 vs 16): its ratios are not of the "
+        "DeepSpeed settings alone"), notes
+    assert "on the CPU: these speeds and memory figures are of this machine's processes" in verdict([base, same])
+    gpu = {"device": "cuda:0"}
+    on_gpu = [logged(workdir / "gpu", n, idle, params=gpu, strategy=s) for n, s in (("a", "baseline"), ("b", "zero2"))]
+    assert "on the CPU" not in verdict(on_gpu)
