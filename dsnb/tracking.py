@@ -261,7 +261,7 @@ def create_run(cfg: RunConfig, tags: dict | None = None, run_id: str | None = No
 
     experiment = experiment_id(cfg)
     client = mlflow_client(cfg.tracking_uri)
-    params = logged_params(cfg)
+    params = {**logged_params(cfg), **input_digests(cfg)}
     opened = run_id is None
     if opened:
         mark_stale_runs(client)
@@ -312,6 +312,49 @@ def logged_params(cfg: RunConfig) -> dict[str, str]:
     return {k: redact(str(v)) for k, v in cfg.to_dict().items()}
 
 
+# The files a run's fields name by path, whose content a field's text does not pin: a comparison, sweep or run_once
+# finds a run again only where these are what it trained on (a data file rewritten under the same name is new work)
+DIGESTS = {"dataset": "dataset_digest", "ds_config_path": "ds_config_digest", "model": "model_digest"}
+
+
+def input_digests(cfg: RunConfig) -> dict[str, str]:
+    """A digest of each local file or folder a field names (the data file's bytes, a DeepSpeed JSON's, a model folder's
+    config.json with its files' names and sizes), as params, by DIGESTS' names; a hub id, "synthetic" or an empty
+    field has none."""
+    return {param: _digest(path) for field, param in DIGESTS.items()
+            if (path := getattr(cfg, field)) and os.path.exists(path)}
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(path: str, stamp: tuple) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    if os.path.isdir(path):
+        for root, dirs, files in sorted(os.walk(path)):
+            dirs.sort()
+            for name in sorted(files):
+                file = os.path.join(root, name)
+                h.update(f"{os.path.relpath(file, path)} {os.path.getsize(file)}\n".encode())
+                if name == "config.json":
+                    with open(file, "rb") as f:
+                        h.update(f.read())
+    else:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _digest(path: str) -> str:
+    """A file's digest is kept while its time and size stay (a data file is read once a process); a folder's is read
+    again each time (a file written inside leaves the folder's own time as it was)."""
+    if os.path.isdir(path):
+        return _digest_of.__wrapped__(path, ())
+    stat = os.stat(path)
+    return _digest_of(os.path.realpath(path), (stat.st_mtime_ns, stat.st_size))
+
+
 def same_config(run, cfg: RunConfig) -> bool:
     """Whether an MLflow run was started with cfg (its other params are measurements): every field but where runs are
     kept (config.PLACES: another spelling of results_folder finds the same runs) and how many repeats a comparison
@@ -324,7 +367,10 @@ def same_config(run, cfg: RunConfig) -> bool:
         return False
     # a run that logged a field since renamed (config.RENAMED) predates the rule: every field must be there
     read = params if RENAMED.keys() & params.keys() else params_then(params)
-    return all(read.get(k) == v for k, v in logged_params(cfg).items() if k not in (*PLACES, "repeats"))
+    if not all(read.get(k) == v for k, v in logged_params(cfg).items() if k not in (*PLACES, "repeats")):
+        return False
+    # a file named by the same path but changed since (a run of an earlier dsnb logged no digest: taken as it is)
+    return all(params.get(k, v) == v for k, v in input_digests(cfg).items())
 
 
 @functools.cache

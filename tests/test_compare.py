@@ -129,3 +129,36 @@ def test_a_run_found_under_another_spelling_of_its_folder_is_taken_as_it_is(tmp_
     assert create_run(again, tags={"comparison": "abc"}, run_id=run_id) == run_id
     params = client.get_run(run_id).data.params
     assert params["results_folder"] == "dsnb" and params["repeats"] == "1"
+
+
+def test_a_comparison_of_a_data_file_since_rewritten_is_not_found_again(tmp_path):
+    """The same path, other content (a data file, a DeepSpeed JSON, a model folder's config.json rewritten): the runs of
+    the earlier content are another comparison, never shown or continued as this one's; the same content, touched or
+    copied back, is found again."""
+    import json
+    import os
+
+    from dsnb.data import synthetic_squad
+
+    data = tmp_path / "d.jsonl"
+    rows = synthetic_squad(40)
+    data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_batch_size": "auto"}))
+    cfg = RunConfig(**dict(OFFLINE, repeats=1, dataset=str(data), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
+    jobs = pair_jobs(cfg)
+    record(jobs, ["FINISHED", "FINISHED"])
+    assert newest_comparison(cfg, jobs)[0] == "abc"
+    os.utime(data)  # touched, the same bytes: the same comparison
+    assert newest_comparison(cfg, jobs)[0] == "abc"
+    data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows[::-1]))  # other content, same path
+    assert newest_comparison(cfg, jobs) == (None, {})
+    data.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows))  # the first content back
+    assert newest_comparison(cfg, jobs)[0] == "abc"
+    from dsnb.tracking import same_config
+
+    with_ds = cfg.replace(strategy="zero2", ds_config_path=str(ds))
+    run = mlflow_client(cfg.tracking_uri).get_run(create_run(with_ds))
+    assert same_config(run, with_ds)
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_batch_size": "auto", "gradient_clipping": 0.5}))
+    assert not same_config(run, with_ds)
