@@ -355,6 +355,8 @@ class RunConfig:
             odd = next((c for c in value if not c.isprintable()), None)
             if odd is not None:
                 fail(name, f"holds a character that cannot be printed ({odd!r}); use printable characters only")
+        if "/" in self.run_name or "\\" in self.run_name:  # a sweep names each variant's notebook file after it
+            fail("run_name", f"is {self.run_name!r}, which holds a path separator that a file name cannot; use - or _")
 
     def _check_combination(self):
         """Reject what DeepSpeed cannot do, or silently does differently, before any model loads."""

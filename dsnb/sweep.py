@@ -104,15 +104,25 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
             run_id = tracking.create_run(cfg, tags={"sweep": sweep, "notebook": os.path.basename(notebook)})
         executed = unused_path(os.path.join(out_dir, f"{short}-{run_id[:8]}{'-resumed' * bool(resume)}"), ".ipynb")
         error = execute(papermill, notebook, executed, cfg, run_id, resume[1] if resume else None)
-        client = mlflow_client(cfg.tracking_uri)
-        client.log_artifact(run_id, executed)
-        if error is not None:
-            client.set_tag(run_id, "notebook_error", describe(error, 500))
-            tracking.finish(run_id, cfg.tracking_uri, "FAILED")
-            if progress:
-                print(f"{name}: failed ({describe(error)}); notebook kept at {executed}")
-        results.append(RunResult.read(cfg.tracking_uri, run_id, notebook=executed))
+        results.append(record_pass(cfg, run_id, notebook, executed, error, progress))
     return results
+
+
+def record_pass(cfg: RunConfig, run_id: str, notebook: str, executed: str, error: Exception | None,
+                progress: bool) -> RunResult:
+    """A variant's notebook pass into its run: the executed notebook logged (papermill writes none where it fails
+    before the first cell: a file that is not a notebook), and where it failed, the run FAILED with the error."""
+    client = mlflow_client(cfg.tracking_uri)
+    written = os.path.exists(executed)
+    if written:
+        client.log_artifact(run_id, executed)
+    if error is not None:
+        client.set_tag(run_id, "notebook_error", describe(error, 500))
+        tracking.finish(run_id, cfg.tracking_uri, "FAILED")
+        if progress:
+            print(f"{cfg.name}: failed ({describe(error)})" + (f"; notebook kept at {executed}" if written else
+                                                               f"; {notebook} did not run at all"))
+    return RunResult.read(cfg.tracking_uri, run_id, notebook=executed if written else None)
 
 
 def keep_notebooks(folder: str, stem: str, run_id: str, tracking_uri: str) -> None:
