@@ -56,6 +56,7 @@ def load_capacity(path: str, offline: bool = False, overrides: dict | None = Non
     if twice is not None:
         raise ConfigError(f"{path}: models entry {twice!r} is given twice; list each model once")
     budgets = budgets_of(spec.get("budgets_gb"), path)
+    check_skip(path, skip, models, variants)
     models = ["synthetic:tiny"] if offline else models
     wanted = {w.strip() for w in only.split(",") if w.strip()}
     known = set(variants) | set(models) | {m.split(":")[-1] for m in models}
@@ -71,6 +72,19 @@ def load_capacity(path: str, offline: bool = False, overrides: dict | None = Non
                 continue
             cells.append((model, name, cell_config(path, model, name, [base, fields, overrides or {}], offline)))
     return budgets, cells
+
+
+def check_skip(path: str, skip: list, models: list[str], variants: dict) -> None:
+    """Each skip entry names a cell of the file ("<model> <variant>"): a typo would run the cell it meant to skip (on
+    a GPU, the 8B full fine-tuning that needs 100 GB of host RAM)."""
+    import difflib
+
+    cells = [f"{m} {v}" for m in models for v in variants]
+    for entry in skip:
+        if entry not in cells:
+            close = difflib.get_close_matches(str(entry), cells, n=1)
+            raise ConfigError(f"{path}: skip entry {entry!r} names no cell (\"<model> <variant>\" of its models and "
+                              f"variants)" + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
 def cell_config(path: str, model: str, name: str, layers: list[dict], offline: bool) -> RunConfig:

@@ -36,6 +36,18 @@ def test_capacity_file_errors(tmp_path):
     path.write_text("models: [synthetic:tiny]\nbudgets_gb: [15]\nvariants: {a: {strategy: zero9}}\n")
     with pytest.raises(ConfigError, match="synthetic:tiny a: strategy"):
         load_capacity(str(path))
+    # a typo in skip would run the cell it meant to skip: refused, with the cell it likely meant
+    path.write_text("models: [synthetic:tiny]\nbudgets_gb: [15]\nvariants: {lora: {}, full: {lora_r: 0}}\n"
+                    "skip: [synthetic:tiny fulll]\n")
+    for offline in (False, True):
+        with pytest.raises(ConfigError, match="skip entry 'synthetic:tiny fulll' names no cell .*did you mean "
+                                              "'synthetic:tiny full'"):
+            load_capacity(str(path), offline=offline)
+    # the project's own map names its cells right, and skips them
+    import pathlib
+
+    cells = load_capacity(str(pathlib.Path(__file__).parent.parent / "variants" / "capacity_map.yaml"))[1]
+    assert cells and not [(m, v) for m, v, _ in cells if m == "synthetic:llama-3.1-8b" and v.startswith("full")]
 
 
 def test_capacity_only_picks_cells(tmp_path):
