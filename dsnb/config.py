@@ -286,6 +286,7 @@ class RunConfig:
 
     def __post_init__(self):
         self._coerce_types()
+        self._expand_home()
         for name, allowed in (("strategy", STRATEGIES), ("offload_optimizer", OFFLOADS),
                               ("offload_param", OFFLOADS), ("quantization", QUANTIZATIONS),
                               ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS),
@@ -295,6 +296,16 @@ class RunConfig:
                 fail(name, f"is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
         self._check_ranges()
         self._check_combination()
+
+    def _expand_home(self):
+        """~ in every field that names a place (as a shell would): "~/f.json" is the home's, never a folder named "~"
+        made in the working folder (a SQLite store's path too)."""
+        for name in ("model", "dataset", "ds_config_path", "nvme_path", "profile", "output_dir", "results_folder"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.startswith("~"):
+                setattr(self, name, os.path.expanduser(value))
+        if isinstance(self.tracking_uri, str) and self.tracking_uri.startswith("sqlite:///~"):
+            self.tracking_uri = "sqlite:///" + os.path.expanduser(self.tracking_uri[len("sqlite:///"):])
 
     def _coerce_types(self):
         """Accept strings for numbers and booleans (CLI, YAML), but never round or guess: 2.5 is no integer."""

@@ -250,3 +250,17 @@ def test_every_form_of_credentials_in_a_uri_is_masked(uri, kept):
                   "".join(ConfigError(repr(uri))._render_traceback_())):
         assert "SECRET" not in shown, shown
     assert redact("http://127.0.0.1:5000 and mail me@example.org") == "http://127.0.0.1:5000 and mail me@example.org"
+
+
+def test_a_home_in_any_field_that_names_a_place_is_the_home_not_a_folder_named_tilde(monkeypatch, tmp_path):
+    """~ as a shell reads it, in every field that names a file or folder and in a SQLite store's path: before, the
+    store's became a "./~" folder in the working folder while output_dir's was the home, and the data file's was not
+    found."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = RunConfig(dataset="~/f.json", tracking_uri="sqlite:///~/p.db", output_dir="~/r", nvme_path="~/d",
+                    model="~/models/mine", profile="~/prof.yaml", strategy="zero2", ds_config_path="~/ds.json",
+                    torch_compile=True, quantization="none")
+    assert (cfg.dataset, cfg.output_dir, cfg.nvme_path, cfg.model, cfg.profile, cfg.ds_config_path) == tuple(
+        str(tmp_path / p) for p in ("f.json", "r", "d", "models/mine", "prof.yaml", "ds.json"))
+    assert cfg.tracking_uri == f"sqlite:///{tmp_path}/p.db"
+    assert RunConfig.layered({"results_folder": "~/dsnb"}).tracking_uri == f"sqlite:///{tmp_path}/dsnb/mlflow.db"
