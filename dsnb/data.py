@@ -295,17 +295,31 @@ def normalize_row(row: dict, place: str) -> dict:
     return {**row, "question": question, "answers": parse_answers(answers, place)}
 
 
+def decoded_cell(cell: str, place: str):
+    """SQuAD's nested answers flattened into a CSV cell as JSON, decoded; a cell that only looks like JSON is its own
+    text (a list of that one answer). Python's printout of a mapping (pandas' to_csv of a datasets column) is refused:
+    read as text, the run would train that printout as the answer."""
+    try:
+        return json.loads(cell)
+    except json.JSONDecodeError:
+        if re.match(r"\{\s*'text'\s*:", cell):
+            raise ConfigError(f"{place}: answers is {cell[:60]!r}..., Python's printout of a mapping (pandas' to_csv "
+                              "of a datasets column writes it so), not JSON; write the answers with json.dumps, or "
+                              "save the table as JSONL or Parquet") from None
+        return [cell]
+
+
 def parse_answers(answers, place: str) -> dict:
     """SQuAD's answers, {"text": [str, ...], "answer_start": [int, ...]} (-1 where a start is not given), from each
     shape with one meaning: SQuAD's flat mapping, the official nested list of {"text", "answer_start"}, a list of
     texts, a plain answer, or a JSON cell holding one of these."""
     if isinstance(answers, str) and answers.lstrip().startswith("{"):
-        try:  # SQuAD's nested field flattened into a CSV cell; a cell that only looks like JSON is its own text
-            answers = json.loads(answers)
-        except json.JSONDecodeError:
-            return {"text": [answers], "answer_start": [-1]}
+        answers = decoded_cell(answers, place)
     starts = []
     if isinstance(answers, dict):
+        if answers and "text" not in answers:  # {"texts": [...]}: a typo would train the "no answer" marker
+            raise ConfigError(f"{place}: answers has no \"text\" (its keys: {', '.join(map(str, answers))}); give "
+                              "SQuAD's {\"text\": [...], \"answer_start\": [...]}")
         texts, starts = answers.get("text"), answers.get("answer_start")
         if isinstance(texts, str):
             raise ConfigError(f"{place}: answers.text is the string {texts[:40]!r}; SQuAD's answers.text is a "

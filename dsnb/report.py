@@ -261,7 +261,9 @@ def spread_line(group: list, base: list, key: str, what: str, name: str, base_na
     line = f"{what}: {name} {_number(a[0])} vs {base_name} {_number(b[0])}" + (f" ({a[0] / b[0]:.2f}x)" if b[0] else "")
     kind, p = spread_verdict(*values)
     if kind == "one run":
-        return line + "; one run each, so no run-to-run spread was measured: repeat before reading it as a finding"
+        single = [n for n, v in ((name, values[0]), (base_name, values[1])) if len(v) < 2]
+        who = "one run each" if len(single) == 2 else f"one run of {single[0]}"
+        return line + f"; {who}, so no run-to-run spread was measured: repeat before reading it as a finding"
     counts = f"{len(values[0])} and {len(values[1])} runs"
     if kind == "within":
         return line + f"; medians of {counts}, and their ranges overlap: within the run-to-run spread (p = {p:.2f})"

@@ -24,8 +24,8 @@ from transformers import Trainer, TrainerCallback
 from . import preflight, tracking
 from .card import write_card
 from .config import ConfigError, RunConfig
-from .data import (CLOSED_BOOK, EVAL_SEED, BatchLog, build_dataset, collator, eval_task, fill_rows, held_out,
-                   held_out_warning, load_records, question_key, truncated)
+from .data import (CLOSED_BOOK, EVAL_SEED, NO_ANSWER, BatchLog, build_dataset, collator, eval_task, fill_rows,
+                   held_out, held_out_warning, load_records, question_key, truncated)
 from .estimate import (CPU_HOST_ERROR, HOST_ERROR, estimate_memory, largest_weight, row_length,
                        tokens_per_micro_batch, trainable_params)
 from .estimate import error_text as estimate_error
@@ -105,7 +105,8 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
                           "num_samples or lower batch_size or grad_accum")
     eval_rows, held = held_out(cfg, cfg.eval_samples, tokenizer) if cfg.eval_samples else ([], {})
     data = {"train_left_out_not_in_passage": len(rows) - len(samples),
-            "train_windows_moved": sum(samples["window_moved"]), **held}
+            "train_windows_moved": sum(samples["window_moved"]),
+            "train_no_answer": sum(not any(t.strip() for t in r["answers"]["text"]) for r in rows), **held}
     recall_rows = []
     if cfg.eval_samples and cfg.prompt in CLOSED_BOOK:  # what the run learned, where held-out scores cannot show it
         recall_rows = [rows[i] for i in sorted(random.Random(EVAL_SEED).sample(range(len(rows)),
@@ -142,6 +143,10 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     lines = [f"{p.samples} samples of {real / p.samples:.0f} real tokens on average{rows}, {asked}; "
              f"{p.trainable:,} trainable weights; estimate: {gpu}, {host}"]
     d = p.data
+    if d["train_no_answer"]:
+        lines.append(f"note: {d['train_no_answer']} of the {p.samples} training samples have no answer (SQuAD 2.0's "
+                     f"unanswerable questions, or an answer left empty): they train the answer {NO_ANSWER!r}, as the "
+                     "tutorial's do")
     if d["train_left_out_not_in_passage"]:
         lines.append(f"note: {d['train_left_out_not_in_passage']} training rows left out: their passage does not hold "
                      "their answer, which the sample would teach unseen")

@@ -649,3 +649,33 @@ def test_a_dataset_json_that_gives_a_key_twice_or_nests_too_deep_is_named(tmp_pa
     deep.write_text('{"data": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(ConfigError, match="deep.json is nested too deeply to read"):
         load_records(RunConfig(**dict(OFFLINE, dataset=str(deep), num_samples=1)))
+
+
+def test_answers_in_a_shape_that_would_train_the_no_answer_marker_are_refused_and_unanswerable_rows_counted(tmp_path):
+    """A mapping of answers without "text" (a typo) and pandas' to_csv printout of a datasets column would each train
+    the "no answer" marker (or the printout) unsaid: refused, naming the row. Rows with no answer at all (SQuAD 2.0's
+    unanswerable questions) are valid: the plan says how many train the marker, and the run logs it."""
+    import numpy as np
+
+    from dsnb.train import describe_plan, plan
+
+    rows = [r for r in synthetic_squad(60) if r["answers"]["text"]][:24]
+    typo = [dict(r, answers={"texts": r["answers"]["text"], "answer_start": [0]}) if i == 3 else r
+            for i, r in enumerate(rows)]
+    (tmp_path / "typo.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in typo))
+    with pytest.raises(ConfigError, match='row 4: answers has no "text" \\(its keys: texts, answer_start\\)'):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(tmp_path / "typo.jsonl"), num_samples=16)))
+    frame = pd.DataFrame([{"context": r["context"], "question": r["question"],
+                           "answers": {"text": np.array(r["answers"]["text"], dtype=object),
+                                       "answer_start": np.array(r["answers"]["answer_start"], dtype=np.int32)}}
+                          for r in rows])
+    frame.to_csv(tmp_path / "p.csv", index=False)
+    with pytest.raises(ConfigError, match="Python's printout of a mapping .* not JSON; write the answers with "
+                                          "json.dumps"):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(tmp_path / "p.csv"), num_samples=16)))
+    cfg = RunConfig(**dict(OFFLINE, num_samples=200, eval_samples=0))
+    unanswerable = sum(not r["answers"]["text"] for r in load_records(cfg))
+    p = plan(cfg)
+    assert unanswerable and p.data["train_no_answer"] == unanswerable
+    assert f"note: {unanswerable} of the {p.samples} training samples have no answer (SQuAD 2.0's unanswerable " \
+           f"questions, or an answer left empty): they train the answer {NO_ANSWER!r}" in describe_plan(cfg, p)
