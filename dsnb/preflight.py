@@ -910,8 +910,11 @@ def prepare() -> None:
 def check_nvme_space(path: str, needed_mb: float) -> None:
     free_mb = shutil.disk_usage(path).free / 2**20
     if free_mb < needed_mb:
-        raise ConfigError(f"nvme_path {path} has {free_mb / 1024:.1f} GB free but this run offloads about "
-                          f"{needed_mb / 1024:.1f} GB; free space there or set nvme_path to a larger disk")
+        def size(mb: float) -> str:  # a tiny synthetic model's offload is megabytes: "0.0 GB" would say nothing
+            return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+        raise ConfigError(f"nvme_path {path} has {size(free_mb)} free but this run offloads about {size(needed_mb)}; "
+                          "free space there or set nvme_path to a larger disk")
 
 
 def check_deepcompile(cfg: RunConfig, device: str) -> None:

@@ -129,13 +129,23 @@ def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
         raise ConfigError(f"ds_config {path} must hold a JSON object of DeepSpeed settings, not a "
                           f"{type(config).__name__}")
     check_batch_sizes(config, cfg, world_size)
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
+        config.setdefault(key, "auto")  # DeepSpeed needs a batch size; "auto" is the run's, as a key left out means
     check_precision(config, cfg)
-    zero = config.get("zero_optimization", {})
-    stage = zero.get("stage", "auto") if isinstance(zero, dict) else "auto"
+    zero = config.get("zero_optimization")
+    if not isinstance(zero, dict):
+        import difflib
+
+        close = difflib.get_close_matches("zero_optimization", [str(k) for k in config], n=1, cutoff=0.8)
+        said = (f"zero_optimization is {zero!r}, not a section of settings" if zero is not None else
+                "no zero_optimization section" + (f" ({close[0]!r} is not its spelling)" if close else ""))
+        raise ConfigError(f"ds_config {path}: {said}; strategy {cfg.strategy} needs one, e.g. "
+                          f"{{\"zero_optimization\": {{\"stage\": {cfg.zero_stage}}}}}")
+    stage = zero.get("stage", "auto")
     if stage != "auto" and stage != cfg.zero_stage:
         raise ConfigError(f"ds_config {path}: zero_optimization.stage is {stage!r} but strategy is {cfg.strategy}; "
                           f"set the stage to {cfg.zero_stage} or \"auto\", or change strategy")
-    check_offload(zero if isinstance(zero, dict) else {}, cfg)
+    check_offload(zero, cfg)
     return config
 
 

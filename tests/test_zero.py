@@ -195,3 +195,26 @@ def test_your_deepspeed_jsons_offload_agrees_with_the_runs_fields_or_is_refused_
     assert main(flags + ["--strategy", "zero3", "--offload_param", "nvme", "--nvme_path", str(nvme)]) == 2
     assert f"nvme_path '{nvme}' does not exist" in capsys.readouterr().err
     assert not (tmp_path / "mlflow.db").exists()  # refused before a run opened
+
+
+def test_a_deepspeed_json_without_its_zero_section_is_refused_before_loading_and_one_without_batch_keys_runs(tmp_path):
+    """A misspelt or malformed zero_optimization failed minutes in, inside accelerate or DeepSpeed (an AttributeError,
+    'Please specify the ZeRO optimization config'): refused when read, saying what to write; batch sizes left out
+    are the run's ("auto"), as DeepSpeed needs one of them."""
+    from dsnb.zero import read_ds_config
+
+    path = tmp_path / "ds.json"
+    cfg = RunConfig(**dict(OFFLINE, strategy="zero2", quantization="none", ds_config_path=str(path)))
+    for text, said in (('{"train_batch_size": "auto", "zero_optimisation": {"stage": 2}}',
+                        "no zero_optimization section \\('zero_optimisation' is not its spelling\\)"),
+                       ('{"zero_optimization": 2}', "zero_optimization is 2, not a section of settings"),
+                       ('{"bf16": {"enabled": "auto"}}', "no zero_optimization section;")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=f"{said}.*strategy zero2 needs one, e.g. "):
+            read_ds_config(cfg)
+    path.write_text('{"zero_optimization": {"stage": 2}}')
+    config = read_ds_config(cfg)
+    assert {k: config[k] for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                   "train_batch_size")} == dict.fromkeys(("train_micro_batch_size_per_gpu",
+                                                                          "gradient_accumulation_steps",
+                                                                          "train_batch_size"), "auto")
