@@ -545,6 +545,8 @@ class RunConfig:
         folder = values.get("results_folder")
         if folder and isinstance(folder, str):  # the store and the runs' folders inside it, unless set
             values["results_folder"] = folder = os.path.expanduser(folder)  # "~/dsnb": the home's, not a "~" folder
+            if os.path.isfile(folder):  # else its store's path would be blamed on tracking_uri
+                fail("results_folder", f"is {folder!r}, a file, not a folder; give a folder (made if missing)")
             values.setdefault("tracking_uri", f"sqlite:///{os.path.join(folder, 'mlflow.db')}")
             values.setdefault("output_dir", os.path.join(folder, "runs"))
         return cls(**values)
@@ -668,16 +670,27 @@ def read_json_file(path: str, what: str, expected: str):
         raise ConfigError(f"{what} is not {expected} ({describe(e)})") from None
 
 
+def yaml_error(e) -> str:
+    """A YAML error where it is: the line and column, the parser's words, and for a tab, what to do instead."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or not problem:
+        return describe(e)
+    tab = " (a tab cannot indent or separate YAML; use spaces)" if "'\\t'" in problem else ""
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}{tab}"
+
+
 def read_yaml(path: str) -> dict:
     """Read a YAML mapping, with a clear error for a missing, unreadable or malformed file, a key given twice, or a
     file that holds something other than field: value pairs (an empty file is an empty mapping)."""
+    if os.path.isdir(path):
+        raise ConfigError(f"file {path!r} is a folder, not a file; give the path to a YAML file")
     if not os.path.isfile(path):
         raise ConfigError(f"file {path!r} does not exist; give the path to a YAML file")
     try:
         with open(path, encoding="utf-8") as f:
             values = yaml.load(f, Loader=StrictLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {describe(e)}") from None
+        raise ConfigError(f"{path} is not valid YAML: {yaml_error(e)}") from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise ConfigError(f"{path} is nested too deeply to read; give field: value pairs") from None
     except (UnicodeDecodeError, OSError) as e:

@@ -161,6 +161,8 @@ def file_records(path: str, n: int | None, skip: int = 0) -> tuple[list[dict], s
 
 def file_dataset(path: str):
     """A local data file, checked (its kind, that it exists, UTF-8 text) and read as a datasets.Dataset."""
+    if os.path.isdir(path):
+        raise ConfigError(f"dataset {path!r} is a folder, not a file; give the data file inside it")
     kind = FILE_TYPES.get(os.path.splitext(path)[1].lower())
     if kind is None:
         raise ConfigError(f"dataset {path!r} is not squad, korquad, synthetic, or a {'/'.join(FILE_TYPES)} file")

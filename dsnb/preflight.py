@@ -97,6 +97,8 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
                           f"{world} process(es) = {cfg.samples_per_step(world)} {unit}; raise num_samples or "
                           "lower batch_size or grad_accum")
     if cfg.dataset not in ("squad", "korquad", "synthetic") and not os.path.isfile(cfg.dataset):
+        if os.path.isdir(cfg.dataset):
+            raise ConfigError(f"dataset {cfg.dataset!r} is a folder, not a file; give the data file inside it")
         raise ConfigError(f"dataset file {cfg.dataset!r} does not exist; check the path or use dataset=synthetic")
     if cfg.uses_nvme:
         check_nvme_path(cfg.nvme_path)

@@ -122,6 +122,8 @@ def deepcompile_asked(cfg: RunConfig, config: dict) -> bool:
 def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
     """The user's own DeepSpeed JSON (ds_config_path), checked against the run's batch sizes and precision."""
     path = cfg.ds_config_path
+    if os.path.isdir(path):
+        raise ConfigError(f"ds_config {path!r} is a folder, not a file; give the DeepSpeed JSON file inside it")
     if not os.path.isfile(path):
         raise ConfigError(f"ds_config {path!r} does not exist; give a DeepSpeed JSON file or leave it empty")
     config = read_json_file(path, f"ds_config {path}", "a DeepSpeed config (a JSON object of its settings)")

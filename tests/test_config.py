@@ -264,3 +264,26 @@ def test_a_home_in_any_field_that_names_a_place_is_the_home_not_a_folder_named_t
         str(tmp_path / p) for p in ("f.json", "r", "d", "models/mine", "prof.yaml", "ds.json"))
     assert cfg.tracking_uri == f"sqlite:///{tmp_path}/p.db"
     assert RunConfig.layered({"results_folder": "~/dsnb"}).tracking_uri == f"sqlite:///{tmp_path}/dsnb/mlflow.db"
+
+
+def test_a_folder_where_a_file_is_wanted_and_a_file_where_a_folder_is_are_named_as_such(tmp_path):
+    """Each says what it is and what to give (before: "does not exist", or the store's path blamed on tracking_uri);
+    a tab in YAML is placed by line and column, with what to write instead."""
+    from dsnb.config import read_yaml
+    from dsnb.preflight import check
+    from dsnb.zero import read_ds_config
+
+    folder = tmp_path / "d.json"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="dataset '.*d.json' is a folder, not a file; give the data file inside it"):
+        check(RunConfig(**dict(OFFLINE, dataset=str(folder))))
+    with pytest.raises(ConfigError, match="ds_config '.*d.json' is a folder, not a file"):
+        read_ds_config(RunConfig(**dict(OFFLINE, quantization="none", strategy="zero2", ds_config_path=str(folder))))
+    with pytest.raises(ConfigError, match="is a folder, not a file; give the path to a YAML file"):
+        read_yaml(str(folder))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="results_folder is '.*f', a file, not a folder"):
+        RunConfig.layered({"results_folder": str(tmp_path / "f")})
+    (tmp_path / "t.yaml").write_text("lora_r:\t8\n")
+    with pytest.raises(ConfigError, match="line 1, column 8: .* \\(a tab cannot indent or separate YAML; use"):
+        read_yaml(str(tmp_path / "t.yaml"))
