@@ -40,7 +40,10 @@ def load_sweep(path: str, offline: bool = False, overrides: dict | None = None) 
     notebook = os.path.join(os.path.dirname(os.path.abspath(path)),
                             spec.get("notebook", "../notebooks/02_zero_stages.ipynb"))
     if not os.path.isfile(notebook):
-        raise ConfigError(f"{path}: notebook {notebook} does not exist")
+        default = "" if "notebook" in spec else (" (the default, ../notebooks/02_zero_stages.ipynb from the sweep "
+                                                 "file's folder, as in the project's variants/)")
+        raise ConfigError(f"{path}: notebook {notebook} does not exist{default}; set notebook: to the notebook's "
+                          "path (relative to the sweep file, or absolute)")
     cfgs = []
     for i, variant in enumerate(variants):
         try:
@@ -116,6 +119,9 @@ def record_pass(cfg: RunConfig, run_id: str, notebook: str, executed: str, error
     written = os.path.exists(executed)
     if written:
         client.log_artifact(run_id, executed)
+    run = client.get_run(run_id)
+    if error is None and run.info.status == "FAILED" and progress:  # failed in its own process, the cell went on
+        print(f"{cfg.name}: failed ({run.data.tags.get('error', 'its run says why')}); notebook kept at {executed}")
     if error is not None:
         client.set_tag(run_id, "notebook_error", describe(error, 500))
         tracking.finish(run_id, cfg.tracking_uri, "FAILED")

@@ -271,6 +271,8 @@ variants:
     said = runs["bad_data"].data.tags["notebook_error"]  # refused in a cell, before a run of its own began
     assert runs["bad_data"].info.status == "FAILED" and said.startswith("ConfigError: dataset file bad.json"), said
     assert f"bad_data: failed ({said[:200]}" in done.stdout, done.stdout[-2000:]
+    # failed in its own training process, its cell going on: the sweep says why all the same
+    assert "broken: failed (SafetensorError" in done.stdout, done.stdout[-2000:]
     for run in runs.values():
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert any(a.endswith(".ipynb") for a in artifacts), artifacts
