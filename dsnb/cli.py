@@ -25,7 +25,7 @@ from .capacity import md_table, run_capacity
 from .compare import compare
 from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, describe, field_docs,
                      field_names, offline_requested, read_json_file, read_variant, redact)
-from .launch import run_variant, watch_parent
+from .launch import _interrupted, run_variant, watch_parent
 from .preflight import check_output_folder, prepare
 from .publish import check_push, push_to_hub, save_model
 from .report import compare_table, format_table, run_summary, same_work, verdict
@@ -222,7 +222,7 @@ def cmd_run(args) -> int:
     preflight.check(cfg)
     if "WORLD_SIZE" in os.environ:  # a rank under a launcher: its agent gone (with its node), the rank stops too
 
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a launcher may start its ranks with SIGINT ignored
+        signal.signal(signal.SIGINT, _interrupted)  # a launcher may start its ranks with SIGINT ignored
         watch_parent(os.getppid())
     with tracking.interrupts_after_writes():  # a rank's SIGINT handler is set above, after main's
         if args.resume:

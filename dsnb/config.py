@@ -305,7 +305,12 @@ class RunConfig:
             if isinstance(value, str) and value.startswith("~"):
                 setattr(self, name, os.path.expanduser(value))
         if isinstance(self.tracking_uri, str) and self.tracking_uri.startswith("sqlite:///~"):
-            self.tracking_uri = "sqlite:///" + os.path.expanduser(self.tracking_uri[len("sqlite:///"):])
+            literal = self.tracking_uri[len("sqlite:///"):]
+            home = os.path.expanduser(literal)
+            if os.path.isfile(literal) and not os.path.exists(home):  # an earlier dsnb's "./~" store: never left behind
+                fail("tracking_uri", f"is {self.tracking_uri!r}: the store is now {home}, but an earlier dsnb made it "
+                                     f"in a folder named '~' here ({os.path.abspath(literal)}); move it there")
+            self.tracking_uri = "sqlite:///" + home
 
     def _coerce_types(self):
         """Accept strings for numbers and booleans (CLI, YAML), but never round or guess: 2.5 is no integer."""
@@ -366,8 +371,6 @@ class RunConfig:
             odd = next((c for c in value if not c.isprintable()), None)
             if odd is not None:
                 fail(name, f"holds a character that cannot be printed ({odd!r}); use printable characters only")
-        if "/" in self.run_name or "\\" in self.run_name:  # a sweep names each variant's notebook file after it
-            fail("run_name", f"is {self.run_name!r}, which holds a path separator that a file name cannot; use - or _")
 
     def _check_combination(self):
         """Reject what DeepSpeed cannot do, or silently does differently, before any model loads."""

@@ -304,7 +304,7 @@ def decoded_cell(cell: str, place: str):
     try:
         return json.loads(cell)
     except json.JSONDecodeError:
-        if re.match(r"\{\s*'text'\s*:", cell):
+        if re.match(r"\s*\{\s*'(text|answer_start)'\s*:", cell):
             raise ConfigError(f"{place}: answers is {cell[:60]!r}..., Python's printout of a mapping (pandas' to_csv "
                               "of a datasets column writes it so), not JSON; write the answers with json.dumps, or "
                               "save the table as JSONL or Parquet") from None

@@ -235,6 +235,9 @@ def keep(result: RunResult, folder: str = "", merge: bool = False, push_to: str 
         print(f"run {result.run_id} fine-tuned every weight: there is no adapter to merge, so its model is saved whole")
     name = f"{'merged' if merging else 'adapter' if cfg.lora_r else 'model'}-{result.run_id[:8]}"
     default = os.path.join(cfg.results_folder, "models", name) if cfg.results_folder else name
+    legacy = default.replace(f"model-{result.run_id[:8]}", f"adapter-{result.run_id[:8]}")  # an earlier dsnb's name
+    if not folder and not cfg.lora_r and os.path.isdir(legacy) and read_saved(legacy).get("run_id") == result.run_id:
+        default = legacy
     folder = folder or default
     held = read_saved(folder) if os.path.isdir(folder) else {}
     if held.get("run_id") == result.run_id:

@@ -137,7 +137,8 @@ def compare_table(runs: list[RunResult]):
         for key in METRICS:
             a, b = summary(groups[name], key), summary(groups[names[0]], key)
             ratio = a and b and b[0] and key not in NO_RATIO
-            cells.append(_ratio(a, b, min(len(groups[name]), len(groups[names[0]]))) if ratio else "")
+            cells.append(_ratio(a, b, finished_values(groups[name], key), finished_values(groups[names[0]], key))
+                         if ratio else "")
         columns[f"{name} / {names[0]}"] = cells
     tasks = eval_tasks(loaded)
     fp8 = any(r.data.params.get("quantization") == "fp8" for r in loaded)
@@ -172,11 +173,11 @@ def eval_tasks(loaded: list) -> str:
         f"; {r.data.params['scoring_mode']} scoring" if "scoring_mode" in r.data.params else "") for r in loaded}))
 
 
-def _ratio(a: tuple, b: tuple, runs: int) -> str:
+def _ratio(a: tuple, b: tuple, mine: list[float], theirs: list[float]) -> str:
+    """The ratio of medians, marked where the repeats cannot tell it from their spread (the verdict's rule)."""
     ratio = f"{a[0] / b[0]:.2f}x"
-    if runs < 2:
-        return ratio
-    return ratio + (" (within spread)" if a[1] <= b[2] and b[1] <= a[2] else "")
+    kind, _ = spread_verdict(mine, theirs)
+    return ratio + {"within": " (within spread)", "too few": " (too few runs to tell)"}.get(kind, "")
 
 
 def rank_test_p(a: list[float], b: list[float]) -> float:
@@ -256,13 +257,13 @@ def spread_line(group: list, base: list, key: str, what: str, name: str, base_na
     a, b = summary(group, key), summary(base, key)
     if a is None or b is None:
         return ""
-    values = [[r.data.metrics[key] for r in g if key in r.data.metrics and r.info.status == "FINISHED"]
-              for g in (group, base)]
+    values = [finished_values(g, key) for g in (group, base)]  # a failed run's speed is of the steps it made
     line = f"{what}: {name} {_number(a[0])} vs {base_name} {_number(b[0])}" + (f" ({a[0] / b[0]:.2f}x)" if b[0] else "")
     kind, p = spread_verdict(*values)
     if kind == "one run":
-        single = [n for n, v in ((name, values[0]), (base_name, values[1])) if len(v) < 2]
-        who = "one run each" if len(single) == 2 else f"one run of {single[0]}"
+        pairs = ((name, values[0]), (base_name, values[1]))
+        single = [f"{'one run' if v else 'no finished run'} of {n}" for n, v in pairs if len(v) < 2]
+        who = "one run each" if single == [f"one run of {name}", f"one run of {base_name}"] else " and ".join(single)
         return line + f"; {who}, so no run-to-run spread was measured: repeat before reading it as a finding"
     counts = f"{len(values[0])} and {len(values[1])} runs"
     if kind == "within":

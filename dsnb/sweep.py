@@ -98,7 +98,8 @@ def run_sweep(path: str, offline: bool = False, overrides: dict | None = None,
             print(f"{name}: not run: {e}")
             results.append(RunResult.read(cfg.tracking_uri, earlier.info.run_id, skipped=True))  # RUNNING: exit 1
             continue
-        short = name.encode()[:200].decode(errors="ignore")  # a file name's limit is 255 bytes
+        # a file name's limit is 255 bytes, and a name may hold a hub id's "/" (a capacity cell's, a sweep's)
+        short = name.replace("/", "_").replace("\\", "_").encode()[:200].decode(errors="ignore")
         if resume:
             run_id = resume[0]
             tracking.reopen_run(run_id, cfg.tracking_uri)

@@ -321,8 +321,14 @@ def input_digests(cfg: RunConfig) -> dict[str, str]:
     """A digest of each local file or folder a field names (the data file's bytes, a DeepSpeed JSON's, a model folder's
     config.json with its files' names and sizes), as params, by DIGESTS' names; a hub id, "synthetic" or an empty
     field has none."""
-    return {param: _digest(path) for field, param in DIGESTS.items()
-            if (path := getattr(cfg, field)) and os.path.exists(path)}
+    found = {}
+    for field, param in DIGESTS.items():
+        path = getattr(cfg, field)
+        if not path or (field == "dataset" and path in ("squad", "korquad", "synthetic")) or not os.path.exists(path):
+            continue  # a hub id or a built-in set, even where a folder of its name is in the working folder
+        with contextlib.suppress(OSError):  # unreadable: the run's own checks say so, in their words
+            found[param] = _digest(path)
+    return found
 
 
 @functools.lru_cache(maxsize=64)
@@ -330,15 +336,15 @@ def _digest_of(path: str, stamp: tuple) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    if os.path.isdir(path):
-        for root, dirs, files in sorted(os.walk(path)):
-            dirs.sort()
-            for name in sorted(files):
-                file = os.path.join(root, name)
-                h.update(f"{os.path.relpath(file, path)} {os.path.getsize(file)}\n".encode())
-                if name == "config.json":
-                    with open(file, "rb") as f:
-                        h.update(f.read())
+    if os.path.isdir(path):  # a model folder: its own files (not a download tool's dot-folders), config.json's bytes
+        for name in sorted(os.listdir(path)):
+            file = os.path.join(path, name)
+            if name.startswith(".") or not os.path.isfile(file):
+                continue
+            h.update(f"{name} {os.path.getsize(file)}\n".encode())
+            if name == "config.json":
+                with open(file, "rb") as f:
+                    h.update(f.read())
     else:
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -985,8 +991,9 @@ def last_checkpoint(run, cfg: RunConfig) -> str | None:
     if not checkpoint:
         return None
     if not same_config(run, cfg):
-        raise ConfigError(f"run {cfg.name} ({run.info.run_id}) was started with another config; resume it "
-                          "with the same fields, or drop --resume to start afresh")
+        raise ConfigError(f"run {cfg.name} ({run.info.run_id}) was started with another config, or a file it names "
+                          "(its data, DeepSpeed JSON or model folder) has changed since; resume it with the same "
+                          "fields and files, or drop --resume to start afresh")
     why = unreadable(checkpoint)
     if why:
         base = os.path.join(folder, "unreadable-" + os.path.basename(checkpoint))

@@ -162,3 +162,37 @@ def test_a_comparison_of_a_data_file_since_rewritten_is_not_found_again(tmp_path
     assert same_config(run, with_ds)
     ds.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_batch_size": "auto", "gradient_clipping": 0.5}))
     assert not same_config(run, with_ds)
+
+
+def test_a_model_folders_digest_reads_its_own_files_and_a_run_without_digests_is_taken_as_it_is(tmp_path, monkeypatch):
+    """A local model folder's digest changes with its config.json or a weight file's size, not with a download tool's
+    dot-folder; a built-in set's name is never digested from a folder of that name; a run an earlier dsnb logged
+    (no digest) is found again."""
+    from dsnb.tracking import input_digests, same_config
+
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "mine"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").write_bytes(b"x" * 10)
+    cfg = RunConfig(**dict(OFFLINE, model=str(model), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
+    first = input_digests(cfg)["model_digest"]
+    (model / ".cache").mkdir()
+    (model / ".cache" / "download.metadata").write_text("new")
+    assert input_digests(cfg)["model_digest"] == first
+    (model / "config.json").write_text('{"hidden_size": 16}')
+    assert input_digests(cfg)["model_digest"] != first
+    (tmp_path / "synthetic").mkdir()  # a folder named like the built-in set
+    assert "dataset_digest" not in input_digests(cfg)
+    run_id = create_run(cfg)
+    client = mlflow_client(cfg.tracking_uri)
+    assert same_config(client.get_run(run_id), cfg)
+    (model / "model.safetensors").write_bytes(b"x" * 11)
+    assert not same_config(client.get_run(run_id), cfg)
+    from mlflow.entities import Param
+
+    from dsnb.tracking import logged_params
+
+    older = client.create_run(client.get_run(run_id).info.experiment_id, run_name=cfg.name).info.run_id
+    client.log_batch(older, params=[Param(k, v) for k, v in logged_params(cfg).items()])  # an earlier dsnb: no digest
+    assert same_config(client.get_run(older), cfg)

@@ -491,3 +491,19 @@ def test_a_comparison_says_where_runs_trained_other_work_or_on_the_cpu(workdir):
     gpu = {"device": "cuda:0"}
     on_gpu = [logged(workdir / "gpu", n, idle, params=gpu, strategy=s) for n, s in (("a", "baseline"), ("b", "zero2"))]
     assert "on the CPU" not in verdict(on_gpu)
+
+
+def test_the_tables_ratio_marks_and_labels_follow_the_verdicts_rule(workdir):
+    """The ratio column marks what the verdict cannot tell apart (ranges that overlap; ranges apart with too few runs),
+    and the whole-call rows say that compiling is in them; an interrupt's words name what sent it."""
+    from dsnb.report import compare_table
+    from dsnb.tracking import interruption
+
+    idle = dict(host_other_cores=0.02, host_cores=16.0, train_runtime_sec=5.0)
+    base = [logged(workdir, "a", dict(idle, samples_per_second=10.0 + i)) for i in range(2)]
+    fast = [logged(workdir, "b", dict(idle, samples_per_second=20.0 + i)) for i in range(2)]
+    table = compare_table(base + fast)
+    assert table.loc["samples_per_second", "b / a"] == "1.95x (too few runs to tell)"  # 20.5 / 10.5
+    assert "train_runtime_sec (the whole training call: first steps and compiling included)" in table.index
+    assert interruption(KeyboardInterrupt()) == "interrupted (Ctrl-C)"
+    assert interruption(KeyboardInterrupt("SIGTERM")) == "interrupted: SIGTERM"
