@@ -241,6 +241,11 @@ def load_tokenizer(cfg: RunConfig):
     except OSError as e:
         raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)}); "
                           f"give an existing hub id, {ELSEWHERE}") from None
+    except (ValueError, ImportError):  # a local folder holding weights but no tokenizer files
+        if os.path.isdir(path) and not any(n.startswith("tokenizer") for n in os.listdir(path)):
+            raise ConfigError(f"model folder {cfg.model!r} has no tokenizer (no tokenizer.json or "
+                              "tokenizer_config.json in it); copy the base model's tokenizer files into it") from None
+        raise
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # the tutorial's choice; labels still ignore padding
     return tokenizer

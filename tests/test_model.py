@@ -113,3 +113,20 @@ def test_a_hub_download_reports_its_bytes_while_one_large_file_arrives(tmp_path,
     progress = [s for s in said if s.startswith("downloaded ") and " of " in s]
     assert said[0].startswith("downloading owner/big: 2 files") and said[-1].startswith("downloaded owner/big in")
     assert len(progress) >= 2 and progress[0] != progress[-1], said  # within the one file, not only after it
+
+
+def test_a_local_model_folder_without_a_tokenizer_says_so(tmp_path):
+    """Weights and config.json but no tokenizer files: what to copy in, not transformers' traceback about
+    sentencepiece or tiktoken."""
+    import shutil
+
+    from dsnb.model import load_tokenizer, resolve_model
+
+    source = resolve_model("synthetic:tiny")
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(f"{source}/{name}", tmp_path / name)
+    with pytest.raises(ConfigError, match="has no tokenizer .*copy the base model's tokenizer files into it"):
+        load_tokenizer(RunConfig(**dict(OFFLINE, model=str(tmp_path))))
+    shutil.copy(f"{source}/tokenizer.json", tmp_path / "tokenizer.json")
+    shutil.copy(f"{source}/tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    assert load_tokenizer(RunConfig(**dict(OFFLINE, model=str(tmp_path)))).pad_token is not None
