@@ -218,7 +218,10 @@ def cmd_run(args) -> int:
     if cfg.num_gpus > 1 and "WORLD_SIZE" not in os.environ:  # not under a launcher yet: start one
         if args.resume:
             raise ConfigError("--resume runs in one process; start it under deepspeed or torchrun yourself")
-        return 0 if run_variant(cfg).status == "FINISHED" else 1
+        result = run_variant(cfg)
+        if result.status == "FINISHED":  # the summary a one-process run prints, from what its ranks recorded
+            print_summary(result.metrics, cfg, result.run_id, args.verbose)
+        return 0 if result.status == "FINISHED" else 1
     preflight.check(cfg)
     if "WORLD_SIZE" in os.environ:  # a rank under a launcher: its agent gone (with its node), the rank stops too
 
@@ -243,11 +246,14 @@ def cmd_run(args) -> int:
                   file=sys.stderr)
             return 1
     if preflight.is_rank0():
-
-        print(run_summary(metrics, cfg, run_id))
-        if args.verbose:
-            print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
+        print_summary(metrics, cfg, run_id, args.verbose)
     return 0
+
+
+def print_summary(metrics: dict, cfg, run_id: str | None, verbose: bool) -> None:
+    print(run_summary(metrics, cfg, run_id))
+    if verbose:
+        print("\n".join(f"{k:>28}: {v:.6g}" for k, v in sorted(metrics.items())))
 
 
 def cmd_check(args) -> int:

@@ -319,3 +319,19 @@ def test_every_commands_help_prints_every_field_it_takes(capsys):
         if words and any(a.dest == "strategy" for a in commands[words[0]]._actions):
             assert all(f"--{name} V" in shown for name in field_names()), words
     assert "within 0.03%;" in " ".join(commands["run"].format_help().split())
+
+
+@pytest.mark.integration
+def test_a_run_on_two_processes_started_by_dsnb_prints_its_summary(workdir):
+    """`dsnb run --num_gpus 2` starts torchrun itself, then prints what its ranks recorded, as a one-process run does
+    (it ended with nothing but exit 0 and no run id)."""
+    done = subprocess.run([sys.executable, "-m", "dsnb", "run", "--offline", "--num_gpus", "2", "--strategy", "zero2",
+                           "--quantization", "none", "--max_steps", "2", "--num_samples", "16", "--max_length", "64",
+                           "--eval_samples", "0", "--save_model", "false", "--verbose"], cwd=workdir,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    head = next(line for line in done.stdout.splitlines() if ": finished" in line)
+    run_id = head.split("(run ")[1].split(")")[0]
+    run = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db").get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["num_gpus"] == "2"
+    assert f"{'samples_per_second':>28}: " in done.stdout  # --verbose: every metric
