@@ -175,7 +175,8 @@ def rehearse(tmp_path, fresh: bool, kills: tuple = ()) -> dict:
     pair = sorted(name_status for name_status in passes[-1].values() if name_status[0] != "quality")
     assert pair == [("With_DeepSpeed", "FINISHED"), ("Without_DeepSpeed", "FINISHED")], passes[-1]
     assert list(drive.glob("dsnb_mlflow*.zip")) and list(drive.glob("models/adapter-*/adapter_config.json"))
-    assert not [p.name for p in work.iterdir() if p.name.startswith(("adapter-", "merged-", "dsnb_mlflow"))]  # Drive's
+    saved = ("adapter-", "merged-", "model-", "dsnb_mlflow")
+    assert not [p.name for p in work.iterdir() if p.name.startswith(saved)]  # Drive's
     assert "No GPU in this runtime" not in text and "Traceback" not in text
     after = installed(python)
     return {"added": sorted(set(after) - set(before)),
@@ -218,7 +219,7 @@ def test_colab_rehearsal_survives_a_killed_kernel_and_leaves_colabs_packages_alo
     # quality check's run the ask cell saves (the one that learned to answer, the model being a random synthetic one)
     kept = sorted(p.name for p in (facts["drive"] / "models").iterdir() if not p.name.startswith("."))
     quality_id = next(i for i, (n, s) in last.items() if n == "quality" and s == "FINISHED")
-    assert len(kept) == 2 and f"adapter-{quality_id[:8]}" in kept, kept
+    assert len(kept) == 2 and f"model-{quality_id[:8]}" in kept, kept  # the quality check trains every weight
     (tmp_path / "install.json").write_text(json.dumps({k: v for k, v in facts.items() if k in ("added", "changed",
                                                                                                 "downloaded_mb")}))
     print(f"setup: added {facts['added']}, changed {facts['changed']}, {facts['seconds']:.0f} s")
