@@ -403,12 +403,20 @@ def sign_flip_p(diffs: list[int]) -> float:
 
 
 def same_answers(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
-    """The paired held-out test: a and b are two variants' repeats, each {question: exact match}. On the questions
-    both were asked, each variant's mean over its repeats; the p-value that they differ this much by chance
-    (sign_flip_p on integer differences). {"questions", "a", "b", "p", "signal", "power", "needed"}; signal False where
-    every answer scored the same (all 0, say: nothing to tell the variants apart); power and needed: the test's floor
-    of power at an EFFECT difference on these questions, and the questions that would reach POWER (power,
-    questions_needed)."""
+    """The paired held-out test (paired_test) with its power: the test's floor of power at an EFFECT difference on
+    these questions, and the questions that would reach POWER (power, questions_needed)."""
+    test = paired_test(a, b)
+    if test["questions"]:
+        asked = test.pop("asked")
+        test |= {"power": power(a, b, asked, len(asked)), "needed": questions_needed(a, b, asked)}
+    return test
+
+
+def paired_test(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
+    """a and b are two variants' repeats, each {question: exact match}. On the questions both were asked, each
+    variant's mean over its repeats; the p-value that they differ this much by chance (sign_flip_p on integer
+    differences). {"questions", "asked", "a", "b", "p", "signal"}; signal False where every answer scored the same (all
+    0, say: nothing to tell the variants apart)."""
     asked = sorted(set.intersection(*(set(r) for r in a + b))) if a and b else []
     if not asked:
         return {"questions": 0}
@@ -416,8 +424,8 @@ def same_answers(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict:
     diffs = [round(sum(r[q] for r in a) * rb - sum(r[q] for r in b) * ra) for q in asked]
     every = {r[q] for r in a + b for q in asked}
     mean = lambda runs: sum(r[q] for r in runs for q in asked) / (len(runs) * len(asked))  # noqa: E731
-    return {"questions": len(asked), "a": mean(a), "b": mean(b), "p": sign_flip_p(diffs), "signal": len(every) > 1,
-            "power": power(a, b, asked, len(asked)), "needed": questions_needed(a, b, asked)}
+    return {"questions": len(asked), "asked": asked, "a": mean(a), "b": mean(b), "p": sign_flip_p(diffs),
+            "signal": len(every) > 1}
 
 
 def power(a: list[dict], b: list[dict], asked: list, n: int, effect: float = EFFECT, seed: int = 0) -> float:

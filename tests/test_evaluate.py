@@ -103,10 +103,10 @@ def test_answers_stop_at_every_token_that_ends_a_turn():
 
 
 def test_the_paired_held_out_test_holds_its_false_alarm_rate_at_equal_skill():
-    """same_answers at equal skill (each question its own difficulty, both variants answering it alike in
+    """The paired test at equal skill (each question its own difficulty, both variants answering it alike in
     distribution): it reports a difference at most ALPHA of the time, and near it; it sees a real gap of 0.15 in
     exact match on 64 questions most of the time; six scores of 0 are no signal, not agreement."""
-    from dsnb.report import ALPHA, same_answers
+    from dsnb.report import ALPHA, paired_test, same_answers
 
     rng = random.Random(0)
 
@@ -117,12 +117,12 @@ def test_the_paired_held_out_test_holds_its_false_alarm_rate_at_equal_skill():
         alarms = 0
         for _ in range(400):
             difficulty = {f"q{i}": rng.choice([0.05, 0.5, 0.8, 0.95]) for i in range(64)}
-            alarms += same_answers(runs(difficulty, skill, repeats), runs(difficulty, skill, repeats))["p"] < ALPHA
+            alarms += paired_test(runs(difficulty, skill, repeats), runs(difficulty, skill, repeats))["p"] < ALPHA
         assert 0.01 <= alarms / 400 <= ALPHA + 0.02, (repeats, alarms)
     found = 0
     for _ in range(100):
         difficulty = {f"q{i}": 0.6 for i in range(64)}
-        found += same_answers(runs(difficulty, 0.0, 3), runs(difficulty, 0.25, 3))["p"] < ALPHA
+        found += paired_test(runs(difficulty, 0.0, 3), runs(difficulty, 0.25, 3))["p"] < ALPHA
     assert found > 80
     zeros = [{f"q{i}": 0.0 for i in range(64)}] * 3
     assert same_answers(zeros, zeros)["signal"] is False
