@@ -9,8 +9,8 @@ A notebook uses it like this:
     dsnb.plot_runs(results); dsnb.answers(results)
 
 Modules, lowest layer first (each imports only from those before it): config; data, fp8, loss, model, zero, metrics,
-estimate, evaluate, card; preflight; tracking; flat_step, dropout, loop, train; launch, publish; compare, sweep, bench,
-capacity, advise; report; notebook; cli.
+estimate, evaluate, card; preflight; planning; tracking; flat_step, dropout, loop, train; launch, publish; compare,
+sweep, bench, capacity, advise; report; notebook; cli.
 """
 import importlib
 import logging

@@ -257,7 +257,7 @@ def print_summary(metrics: dict, cfg, run_id: str | None, verbose: bool) -> None
 
 
 def cmd_check(args) -> int:
-    from .train import describe_plan, plan  # deferred: as for run, only where a plan is made
+    from .planning import describe_plan, plan  # deferred: as for run, only where a plan is made
 
     cfg = build_config(args)
     preflight.check(cfg)

@@ -334,7 +334,8 @@ def child_main(path: str) -> int:
     # the parent's interrupt and the watch below would go unheard.
     signal.signal(signal.SIGINT, _interrupted)
     watch_parent(child["parent_pid"])
-    from .train import Reporter, train  # deferred: the parent that starts children never loads the training stack
+    from .planning import Reporter  # deferred: as train is
+    from .train import train  # deferred: the parent that starts children never loads the training stack
 
     class ToParent(Reporter):
         """Progress and messages as JSON lines in the file the parent follows (messages also in train.log)."""

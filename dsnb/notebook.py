@@ -72,7 +72,7 @@ def mount_drive() -> None:
 def preview(cfg: RunConfig) -> str:
     """What the run will train on and what it should take (data read and checked, GPU and host RAM estimated), before
     any model downloads or loads."""
-    from .train import describe_plan, plan  # deferred: transformers and torch load only when a plan is asked for
+    from .planning import describe_plan, plan  # deferred: transformers and torch load only when a plan is asked for
 
     return describe_plan(cfg, plan(cfg, cfg.num_gpus))
 

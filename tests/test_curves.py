@@ -16,7 +16,8 @@ import json, sys
 from dsnb.config import OFFLINE, RunConfig
 from dsnb.report import loss_curve
 from dsnb.tracking import create_run, mlflow_client
-from dsnb.train import Reporter, train
+from dsnb.planning import Reporter
+from dsnb.train import train
 
 class Quiet(Reporter):
     def say(self, text):

@@ -149,7 +149,7 @@ def test_filled_rows_place_the_longest_first_each_where_it_fits_best():
 
 def test_a_filled_step_larger_than_its_rows_is_refused_naming_them():
     """64 offline samples fill 25 rows of 128 tokens: 16 x 2 rows a step would pass the samples' check (32 <= 64)."""
-    from dsnb.train import describe_plan, plan
+    from dsnb.planning import describe_plan, plan
 
     cfg = RunConfig(**dict(CLOSED, padding="filled", batch_size=16, grad_accum=2))
     with pytest.raises(ConfigError, match=r"puts the 64 samples in \d+ rows of 128 tokens.* = 32 rows"):
@@ -483,7 +483,7 @@ def test_rows_whose_passage_lacks_their_answer_are_left_out_counted_and_refused_
     """With the passage prompt, a training row whose passage does not hold its answer would teach an answer it does not
     show: it is left out, counted in the plan (and as a run param); a held-out one is left out too, the next question
     taken; a file with no row left is refused. Closed-book prompts show no passage and keep every row."""
-    from dsnb.train import describe_plan, plan
+    from dsnb.planning import describe_plan, plan
 
     good = [{"context": f"Town {i} lies on river {i}.", "question": f"Which river is town {i} on?",
              "answers": {"text": [f"river {i}"]}} for i in range(8)]
@@ -571,7 +571,7 @@ def test_held_out_rows_of_a_file_share_no_passage_or_row_with_training(tmp_path)
 def test_taking_the_whole_file_says_no_question_is_held_out(tmp_path, workdir, capsys):
     """num_samples = the file's rows leaves nothing to ask: the plan and `python -m dsnb check` say so."""
     from dsnb.cli import main
-    from dsnb.train import describe_plan, plan
+    from dsnb.planning import describe_plan, plan
 
     path = write_rows(tmp_path / "d.jsonl", [{"context": f"Passage {i}.", "question": f"Question {i}?",
                                                "answers": {"text": ["Passage"]}} for i in range(4)])
@@ -657,7 +657,7 @@ def test_answers_in_a_shape_that_would_train_the_no_answer_marker_are_refused_an
     unanswerable questions) are valid: the plan says how many train the marker, and the run logs it."""
     import numpy as np
 
-    from dsnb.train import describe_plan, plan
+    from dsnb.planning import describe_plan, plan
 
     rows = [r for r in synthetic_squad(60) if r["answers"]["text"]][:24]
     typo = [dict(r, answers={"texts": r["answers"]["text"], "answer_start": [0]}) if i == 3 else r

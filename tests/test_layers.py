@@ -10,8 +10,9 @@ import pytest
 PACKAGE = pathlib.Path(__file__).parent.parent / "dsnb"
 # Lowest first, as dsnb/__init__.py's docstring lists them.
 LAYERS = ["config", "data", "fp8", "loss", "model", "zero", "metrics", "estimate", "timing", "evaluate", "card",
-          "preflight", "tracking", "flat_step", "dropout", "loop", "train", "launch", "publish", "compare", "sweep",
-          "bench", "capacity", "advise", "report", "notebook", "cli", "child", "install", "__init__", "__main__"]
+          "preflight", "planning", "tracking", "flat_step", "dropout", "loop", "train", "launch", "publish", "compare",
+          "sweep", "bench", "capacity", "advise", "report", "notebook", "cli", "child", "install", "__init__",
+          "__main__"]
 
 
 def imported(path: pathlib.Path) -> set[str]:

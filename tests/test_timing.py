@@ -258,7 +258,8 @@ def test_the_remaining_time_told_after_the_untimed_steps_is_the_steps_own_time(m
 
     import dsnb.train
     from dsnb.metrics import StepTimer
-    from dsnb.train import Progress, Reporter
+    from dsnb.planning import Reporter
+    from dsnb.train import Progress
 
     said, step_s, queued = [], 0.25, []  # a loaded host wakes a sleep late: at 0.05 s, 10 ms fails 0.8x
 
