@@ -881,14 +881,18 @@ def ui_server_command(tracking_uri: str, port: int) -> list[str]:
     """The `mlflow ui` that show_ui starts: bound to 127.0.0.1 only; answering the Host header of Colab's proxy
     (MLflow 3 answers any other than localhost's with 403 "Invalid Host header") and its pages' POSTs from the proxy's
     origin (the run search is one; MLflow blocks cross-origin writes); and with no X-Frame-Options, since Colab shows it
-    in a frame of another origin (MLflow's default SAMEORIGIN leaves that frame blank)."""
+    in a frame of another origin (MLflow's default SAMEORIGIN leaves that frame blank). One worker: MLflow's default
+    of 4 took twice as long to answer on 2 cores, for one reader (UI_ENV keeps its job runner off)."""
     hosts = ["localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*", *COLAB_PROXY_HOSTS]
     return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1",
-            "--port", str(port), "--allowed-hosts", ",".join(hosts),
+            "--port", str(port), "--workers", "1", "--allowed-hosts", ",".join(hosts),
             "--cors-allowed-origins", ",".join(f"https://{host}" for host in COLAB_PROXY_HOSTS),
             "--x-frame-options", "NONE"]
 
 
+# MLflow 3's job runner (GenAI scorers and the like, which the UI of a training store never runs) starts 8 processes
+# beside the server: 1.8 GB resident on a machine whose training may need all of its RAM (a T4 runtime has 12.7 GB).
+UI_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 UI_WAIT_S = 180  # how long show_ui waits for `mlflow ui` to answer (a loaded 2-core machine took over a minute)
 
 
@@ -913,7 +917,7 @@ def start_ui(tracking_uri: str, port: int, wait_s: float = UI_WAIT_S):
     import subprocess
 
     with open(ui_log(port), "w") as log:
-        server = subprocess.Popen(ui_server_command(tracking_uri, port), stdout=log,
+        server = subprocess.Popen(ui_server_command(tracking_uri, port), stdout=log, env={**os.environ, **UI_ENV},
                                   stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + wait_s
     while time.time() < deadline and server.poll() is None:

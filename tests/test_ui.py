@@ -37,7 +37,7 @@ def ui(tmp_path):
     port = free_port()
     server, answered = start_ui(uri, port, wait_s=300)  # a loaded 2-core machine takes a minute or more to start it
     assert answered and fetch(port, "/health")[0] == 200, "mlflow ui did not start"
-    yield port, experiment, run_id
+    yield port, experiment, run_id, server
     os.killpg(server.pid, signal.SIGKILL)  # its session: `mlflow ui` starts uvicorn and job runners of its own
     server.wait()
 
@@ -55,7 +55,7 @@ def fetch(port: int, path: str, data: bytes | None = None, **headers):
 def test_the_ui_answers_colabs_proxy_and_may_be_framed(ui):
     """Through Colab's proxy the server sees the proxy's Host header, and the page's POSTs (the run search) carry the
     proxy's origin: both answered, with no X-Frame-Options (Colab frames it from another origin); still on 127.0.0.1."""
-    port, experiment, _ = ui
+    port, experiment, _, server = ui
     status, headers, _ = fetch(port, "/", Host=PROXY_HOST)
     assert status == 200 and "x-frame-options" not in {k.lower() for k in headers}, (status, headers)
     body = f'{{"experiment_ids": ["{experiment}"]}}'.encode()
@@ -66,6 +66,9 @@ def test_the_ui_answers_colabs_proxy_and_may_be_framed(ui):
     assert status == 403
     listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port}
     assert listening == {"127.0.0.1"}, listening
+    # one worker and no job runner: MLflow's defaults started 15 processes holding 3 GB (RSS) for one reader
+    started = [" ".join(p.cmdline()) for p in psutil.Process(server.pid).children(recursive=True)]
+    assert len(started) <= 2 and not [c for c in started if "huey" in c or "job" in c], started
 
 
 def browser_or_skip():
@@ -112,7 +115,7 @@ def test_the_ui_shows_the_runs_and_their_metrics_in_a_frame_as_on_colab(ui, tmp_
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    port, experiment, run_id = ui
+    port, experiment, run_id, _ = ui
     relay = https_relay(port, tmp_path)
     page = tmp_path / "notebook.html"  # file:// is another origin than the proxy's, as colab.research.google.com is
     page.write_text(f'<iframe src="https://{PROXY_HOST}/#/experiments/{experiment}/runs/{run_id}" width="1200" '
