@@ -357,10 +357,9 @@ def busy_host(m: dict) -> str:
     """In words, how busy the machine was while a run was timed (its host_load metrics), or "" where it was not
     busy: what every speed dsnb shows (the verdict, the model card) carries beside it."""
     cores, other, steal = m.get("host_cores", 1.0), m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0)
-    if other <= max(BUSY_CORES, BUSY_SHARE * cores) and steal <= BUSY_STEAL:
-        return ""
-    return f"other processes used {other:.1f} of its {cores:.0f} cores" + (
-        f", the hypervisor took {steal:.0%}" if steal > BUSY_STEAL else "")
+    crowded = other > max(BUSY_CORES, BUSY_SHARE * cores)
+    said = [f"other processes used {other:.1f} of its {cores:.0f} cores"] if crowded else []
+    return ", ".join(said + ([f"the hypervisor took {steal:.0%} of its CPU time"] if steal > BUSY_STEAL else []))
 
 
 PHASES = {"fwd": "forward", "bwd": "backward", "bwd_inner": "backward_compute", "bwd_allreduce": "gradient_reduce",

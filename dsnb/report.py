@@ -283,7 +283,7 @@ def busy_runs(loaded: list) -> str:
         return ""
     # the busiest run's load, in busy_host's words, "up to" since the others used less
     busiest = busy_host(max(worst, key=lambda m: (m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0))))
-    return (f"{len(worst)} of the {len(loaded)} runs were timed on a busy machine ("
+    return (f"{len(worst)} of the {len(loaded)} runs {'was' if len(worst) == 1 else 'were'} timed on a busy machine ("
             + busiest.replace("other processes used", "other processes used up to", 1) + ")")
 
 

@@ -12,7 +12,9 @@ MEASURED = {"samples_per_second": 12.5, "tokens_per_second": 1000.0, "mfu": 0.01
 @pytest.mark.parametrize("other, steal, caveat", [
     (0.1, 0.0, ""),
     (1.2, 0.0, "; timed on a busy machine (other processes used 1.2 of its 2 cores): not this run's speed alone"),
-    (0.0, 0.2, "; timed on a busy machine (other processes used 0.0 of its 2 cores, the hypervisor took 20%)"),
+    (0.0, 0.2, "; timed on a busy machine (the hypervisor took 20% of its CPU time)"),  # no "used 0.0 of its cores"
+    (0.9, 0.2, "; timed on a busy machine (other processes used 0.9 of its 2 cores, the hypervisor took 20% of its "
+               "CPU time)"),
 ])
 def test_the_speed_a_card_shows_carries_the_busy_machine_caveat_the_verdict_does(other, steal, caveat):
     text = card(RunConfig(**OFFLINE), {**MEASURED, "host_other_cores": other, "host_steal_share": steal}, "r1",

@@ -228,11 +228,11 @@ def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
     busy = logged(workdir / "busy", "With_DeepSpeed", dict(idle, samples_per_second=21.0, host_other_cores=3.0))
     calm = logged(workdir / "busy", "Without_DeepSpeed", dict(idle, samples_per_second=10.0))
     text = verdict([calm, busy])
-    assert "UNRELIABLE: 1 of the 2 runs were timed on a busy machine (other processes used up to 3.0 of its 16" in text
+    assert "UNRELIABLE: 1 of the 2 runs was timed on a busy machine (other processes used up to 3.0 of its 16" in text
     # every other place that reads speeds says it too: the fastest within a budget, and the savings table's row
     from dsnb.report import best_for_budget, savings_table
 
-    assert best_for_budget([calm, busy], 9).endswith("But UNRELIABLE: 1 of the 2 runs were timed on a busy machine "
+    assert best_for_budget([calm, busy], 9).endswith("But UNRELIABLE: 1 of the 2 runs was timed on a busy machine "
                                                      "(other processes used up to 3.0 of its 16 cores), so rerun on an "
                                                      "idle machine before choosing by speed.")
     assert "UNRELIABLE" not in best_for_budget(base + fast, 9)
