@@ -21,10 +21,11 @@ from .tracking import RunResult, existing_store, mlflow_client, oom_guess, param
 METRICS = ["gpu_memory_used_mb", "train_runtime_sec", "train_samples_per_second", "train_steps_per_second",
            "train_loss", "peak_gpu_allocated_mb", "peak_gpu_reserved_mb", "peak_gpu_nvml_mb", "peak_cpu_rss_mb",
            "samples_per_second", "tokens_per_second", "mfu", "eval_exact_match_before", "eval_exact_match", "eval_f1",
-           "eval_tokens_per_second", "recall_exact_match", "host_other_cores"]
+           "eval_tokens_per_second", "recall_exact_match", "host_other_cores", "host_steal_share"]
 SPEEDS = ("train_runtime_sec", "train_samples_per_second", "train_steps_per_second", "samples_per_second",
           "tokens_per_second", "mfu", "eval_tokens_per_second")  # the rows a busy machine makes unreliable
-NO_RATIO = {"host_other_cores"}  # the machine's load while a run was timed: a caveat beside it, not its property
+# the machine's load while a run was timed (other processes' cores, the hypervisor's share): a caveat, not its property
+NO_RATIO = {"host_other_cores", "host_steal_share"}
 ALPHA = 0.05  # the false-alarm rate of same_work's held-out test at equal skill (at most: the test is exact)
 EFFECT, POWER = 0.10, 0.80  # the held-out difference whose detection rate (power) is stated beside the test's verdict,
 # and the rate at which the number of questions that would detect it is given (searched up to MOST_QUESTIONS)
@@ -149,8 +150,8 @@ def compare_table(runs: list[RunResult]):
     if all(r.data.params.get("device") == "cpu" for r in loaded):  # trained on the CPU: metrics.mfu_text
         labels["mfu"] = "mfu (of the CPU's nominal fp32 peak, assumed)"
     if busy_runs(loaded):  # every speed row, not only the verdict's line, says its runs shared the machine
-        labels.update({key: f"{labels.get(key, key)} (UNRELIABLE: busy machine, see host_other_cores)"
-                       for key in SPEEDS})
+        labels.update({key: f"{labels.get(key, key)} (UNRELIABLE: busy machine, see host_other_cores and "
+                            "host_steal_share)" for key in SPEEDS})
     index = [f"{key} ({tasks})" if key.startswith("eval_exact") or key == "eval_f1" else labels.get(key, key)
              for key in METRICS]
     table = pd.DataFrame(columns, index=["status", "runs"] + index)

@@ -239,7 +239,7 @@ def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
     from dsnb.report import compare_table
 
     rows = list(compare_table([calm, busy]).index)
-    assert "samples_per_second (UNRELIABLE: busy machine, see host_other_cores)" in rows, rows
+    assert "samples_per_second (UNRELIABLE: busy machine, see host_other_cores and host_steal_share)" in rows, rows
     assert "samples_per_second" in compare_table(base + fast).index
     notes = savings_table([calm, busy])["note"]
     assert notes["Without_DeepSpeed"] == "" and notes["With_DeepSpeed"] == ("timed on a busy machine: other processes "
@@ -369,8 +369,11 @@ def test_the_table_shows_what_was_recorded_and_no_ratio_of_the_machines_load(wor
     from dsnb.report import compare_table
 
     cpu = {"peak_cpu_rss_mb": 900.0}  # what a run on the CPU records: no GPU figure
-    a = logged(workdir, "a", {"samples_per_second": 10.0, "host_other_cores": 1e-12, "eval_exact_match": 0.5, **cpu})
-    b = logged(workdir, "b", {"samples_per_second": 8.0, "host_other_cores": 0.03, "eval_exact_match": 0.5, **cpu})
+    load = {"host_steal_share": 0.01}
+    a = logged(workdir, "a", {"samples_per_second": 10.0, "host_other_cores": 1e-12, "eval_exact_match": 0.5, **cpu,
+                              **load})
+    b = logged(workdir, "b", {"samples_per_second": 8.0, "host_other_cores": 0.03, "eval_exact_match": 0.5, **cpu,
+                              **load})
     table = compare_table([a, b])
     assert "recall_exact_match" not in table.index and "host_other_cores" in table.index
     assert "peak_gpu_allocated_mb" not in table.index and "peak_gpu_nvml_mb" not in table.index  # no GPU: no 0 MB row
@@ -379,6 +382,7 @@ def test_the_table_shows_what_was_recorded_and_no_ratio_of_the_machines_load(wor
     assert gpu.loc["peak_gpu_allocated_mb", "c"] == "4,723" and gpu.loc["peak_gpu_allocated_mb", "a"] == ""
     assert gpu.loc["peak_gpu_nvml_mb", "c"] == "0" and gpu.loc["peak_gpu_allocated_mb", "c / a"] == ""  # a GPU's 0
     assert table.loc["host_other_cores", "b / a"] == "" and table.loc["samples_per_second", "b / a"] == "0.80x"
+    assert table.loc["host_steal_share", "b / a"] == ""  # the hypervisor's share beside it, as a caveat too
     d, e = (logged(workdir, n, {"samples_per_second": 9.0, "mfu": 0.01, **cpu}, params={"device": "cpu"}) for n in "de")
     assert "mfu (of the CPU's nominal fp32 peak, assumed)" in compare_table([d, e]).index  # on the CPU: which peak
     gpu = logged(workdir, "f", {"mfu": 0.4, "peak_gpu_allocated_mb": 900.0}, params={"device": "cuda:0"})
