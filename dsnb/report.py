@@ -282,10 +282,11 @@ def busy_runs(loaded: list) -> str:
     worst = [m for m in (run.data.metrics for run in loaded) if busy_host(m)]
     if not worst:
         return ""
-    # the busiest run's load, in busy_host's words, "up to" since the others used less
-    busiest = busy_host(max(worst, key=lambda m: (m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0))))
+    # the most either took in any busy run, in busy_host's words, "up to" since the other runs took less
+    most = {key: max(m.get(key, 0.0) for m in worst) for key in ("host_other_cores", "host_steal_share")}
+    busiest = busy_host({**worst[0], **most})
     return (f"{len(worst)} of the {len(loaded)} runs {'was' if len(worst) == 1 else 'were'} timed on a busy machine ("
-            + busiest.replace("other processes used", "other processes used up to", 1) + ")")
+            + busiest.replace(" used ", " used up to ", 1).replace(" took ", " took up to ", 1) + ")")
 
 
 def run_summary(metrics: dict, cfg, run_id: str | None) -> str:

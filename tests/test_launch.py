@@ -99,3 +99,22 @@ def test_a_variant_whose_parent_is_killed_stops_itself(workdir):
         f"interrupted: its parent process {parent.pid} ended (killed, or its kernel or runtime stopped)"
     no_child_left(str(workdir))
     assert not [p for p in os.listdir(workdir) if p.startswith("dsnb-")]  # the orphan removed its folder
+
+
+def test_a_process_ended_by_exit_now_keeps_what_it_printed_and_what_its_threads_finish(tmp_path):
+    """exit_now (how `python -m dsnb` and a variant's process end, less the interpreter's slow teardown): output of C
+    code (DeepSpeed's CPU Adam and NCCL print through the C library's buffer), Python's own, a non-daemon thread's and
+    an exit handler's all reach a file, and the code is the process's."""
+    script = ("import atexit, ctypes, sys, threading, time\n"
+              "from dsnb.launch import exit_now\n"
+              "ctypes.CDLL(None).printf(b'from C\\n')\n"
+              "threading.Thread(target=lambda: (time.sleep(0.5), print('thread finished'))).start()\n"
+              "atexit.register(lambda: print('exit handler ran'))\n"
+              "print('from Python', end='')\n"
+              "exit_now(3)\n")
+    with open(tmp_path / "out.txt", "w") as out:
+        done = subprocess.run([sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT, timeout=300,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})
+    text = (tmp_path / "out.txt").read_text()
+    assert done.returncode == 3 and "from C" in text and "thread finished" in text and "exit handler ran" in text, text
+    assert "from Python" in text, text

@@ -229,6 +229,11 @@ def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
     calm = logged(workdir / "busy", "Without_DeepSpeed", dict(idle, samples_per_second=10.0))
     text = verdict([calm, busy])
     assert "UNRELIABLE: 1 of the 2 runs was timed on a busy machine (other processes used up to 3.0 of its 16" in text
+    # one run crowded by other processes, another by the hypervisor: the most of each is said, whichever run it was
+    stolen = logged(workdir / "stolen", "With_DeepSpeed", dict(idle, samples_per_second=21.0, host_steal_share=0.3))
+    text = verdict([calm, busy, stolen])
+    assert ("2 of the 3 runs were timed on a busy machine (other processes used up to 3.0 of its 16 cores, the "
+            "hypervisor took up to 30% of its CPU time)") in text, text
     # every other place that reads speeds says it too: the fastest within a budget, and the savings table's row
     from dsnb.report import best_for_budget, savings_table
 

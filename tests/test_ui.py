@@ -68,7 +68,7 @@ def test_the_ui_answers_colabs_proxy_and_may_be_framed(ui):
     assert listening == {"127.0.0.1"}, listening
     # one worker and no job runner: MLflow's defaults started 15 processes holding 3 GB (RSS) for one reader
     started = [" ".join(p.cmdline()) for p in psutil.Process(server.pid).children(recursive=True)]
-    assert len(started) <= 2 and not [c for c in started if "huey" in c or "job" in c], started
+    assert len(started) <= 2 and not [c for c in started if "huey" in c or "_job_runner" in c], started
 
 
 def browser_or_skip():
