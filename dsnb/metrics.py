@@ -353,13 +353,14 @@ def synthetic_note(model: str | None, preset: str | None = "") -> str:
     return f" ({model}: random weights, a few steps: these scores say nothing about a real model)"
 
 
-def busy_host(m: dict) -> str:
+def busy_host(m: dict, up_to: str = "") -> str:
     """In words, how busy the machine was while a run was timed (its host_load metrics), or "" where it was not
-    busy: what every speed dsnb shows (the verdict, the model card) carries beside it."""
+    busy: what every speed dsnb shows (the verdict, the model card) carries beside it. up_to "up to ": the most of
+    several runs."""
     cores, other, steal = m.get("host_cores", 1.0), m.get("host_other_cores", 0.0), m.get("host_steal_share", 0.0)
     crowded = other > max(BUSY_CORES, BUSY_SHARE * cores)
-    said = [f"other processes used {other:.1f} of its {cores:.0f} cores"] if crowded else []
-    return ", ".join(said + ([f"the hypervisor took {steal:.0%} of its CPU time"] if steal > BUSY_STEAL else []))
+    said = [f"other processes used {up_to}{other:.1f} of its {cores:.0f} cores"] if crowded else []
+    return ", ".join(said + ([f"the hypervisor took {up_to}{steal:.0%} of its CPU time"] if steal > BUSY_STEAL else []))
 
 
 PHASES = {"fwd": "forward", "bwd": "backward", "bwd_inner": "backward_compute", "bwd_allreduce": "gradient_reduce",

@@ -284,9 +284,8 @@ def busy_runs(loaded: list) -> str:
         return ""
     # the most either took in any busy run, in busy_host's words, "up to" since the other runs took less
     most = {key: max(m.get(key, 0.0) for m in worst) for key in ("host_other_cores", "host_steal_share")}
-    busiest = busy_host({**worst[0], **most})
     return (f"{len(worst)} of the {len(loaded)} runs {'was' if len(worst) == 1 else 'were'} timed on a busy machine ("
-            + busiest.replace(" used ", " used up to ", 1).replace(" took ", " took up to ", 1) + ")")
+            + busy_host({**worst[0], **most}, up_to="up to ") + ")")
 
 
 def run_summary(metrics: dict, cfg, run_id: str | None) -> str:
