@@ -43,6 +43,17 @@ class Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} ({self.prog} --help lists what it takes)")
 
 
+class Last(argparse.Action):
+    """A run-config flag. Given twice with two values, the last counts, as in argparse, and dsnb says so: a command
+    line built from pieces (a script's base flags, then one changed) overrides that way."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if hasattr(namespace, self.dest) and getattr(namespace, self.dest) != values:
+            print(f"dsnb: note: {option_string} given twice ({getattr(namespace, self.dest)}, then {values}); "
+                  f"the last counts: {option_string} {values}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def config_parser() -> argparse.ArgumentParser:
     """Flags shared by every command that builds a RunConfig."""
     parser = Parser(add_help=False)
@@ -53,7 +64,7 @@ def config_parser() -> argparse.ArgumentParser:
     docs = field_docs()
     defaults = RunConfig().to_dict()
     for name in field_names():  # a % in a field's text doubled: argparse reads % as a format
-        group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="V",
+        group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="V", action=Last,
                            help=f"{docs.get(name, '')} (default {defaults[name]!r})".replace("%", "%%"))
     for old in RENAMED:  # refused with the new name, not as an unknown flag
         group.add_argument(f"--{old}", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

@@ -96,6 +96,8 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
     estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world,
                                row_length(cfg, samples), on_gpu=device != "cpu")
     preflight.check_host_ram(cfg, world, device, estimate)  # now with the data's activations, before any weight loads
+    if cfg.uses_nvme:  # in the plan, so `dsnb check` and the notebook's plan cell say it too, before any weight loads
+        preflight.check_nvme_space(cfg.nvme_path, estimate["est_peak_cpu_offload_mb"])
     return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(samples), len(samples),
                 recall_rows, data, scoring_mode(cfg), [sum(m) for m in samples["attention_mask"]], world)
 

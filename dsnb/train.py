@@ -319,8 +319,6 @@ def set_up(cfg: RunConfig, device: str, run_id: str | None, reporter: Reporter,
         init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
     the_plan = plan(cfg, world)  # the data is read and checked before the model downloads
     reporter.say(describe_plan(cfg, the_plan))
-    if cfg.uses_nvme:
-        preflight.check_nvme_space(cfg.nvme_path, the_plan.estimate["est_peak_cpu_offload_mb"])
     # Seeded before the model is built: LoRA's adapters are drawn at random when peft wraps it, before the Trainer
     # seeds anything; unseeded, every run (and variant) started from adapters of its own.
     from transformers import set_seed

@@ -157,6 +157,17 @@ def test_every_cli_error_is_one_line(workdir, capsys, args, message):
     assert len(err) == 1 and err[0].startswith("dsnb: error: ") and message in err[0], err
 
 
+def test_a_flag_given_twice_says_which_value_counts(workdir, capsys):
+    from dsnb.cli import build_config, parser
+
+    args = parser().parse_args(["check", "--offline", "--max_steps", "3", "--lora_r", "8", "--max_steps", "5",
+                                "--lora_r", "8"])
+    assert build_config(args).max_steps == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    # --lora_r twice with one value: no note
+    assert err == ["dsnb: note: --max_steps given twice (3, then 5); the last counts: --max_steps 5"]
+
+
 def test_an_unanswering_tracking_server_fails_in_seconds(here):
     import time
 

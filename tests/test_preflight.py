@@ -1,7 +1,9 @@
 import json
 import os
 import pathlib
+import re
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -69,6 +71,30 @@ def test_nvme_space_is_checked_against_what_the_run_offloads(tmp_path):
     check_nvme_space(str(tmp_path), needed_mb=1)
     with pytest.raises(ConfigError, match=r"GB free but this run offloads about .* set nvme_path to a larger disk"):
         check_nvme_space(str(tmp_path), needed_mb=2**40)
+
+
+def test_dsnb_check_says_the_nvme_folder_is_too_small_before_any_weight_loads(tmp_path, monkeypatch, capfd):
+    """The space check is part of the plan: `dsnb check` and the notebook's plan cell say it, not only a run after its
+    set-up. /dev/shm (RAM-backed, at most the machine's RAM) is far smaller than what the 8B shape's full fine-tuning
+    offloads (its fp32 optimizer alone is 12 bytes a weight). capfd: DeepSpeed's async I/O test build needs real file
+    descriptors."""
+    import shutil
+
+    from dsnb.cli import main
+
+    folder = tempfile.mkdtemp(dir="/dev/shm")
+    try:
+        assert shutil.disk_usage(folder).free < 96e9  # what the run offloads is more than this
+        monkeypatch.chdir(tmp_path)
+        code = main(["check", "--offline", "--model", "synthetic:llama-3.1-8b", "--quantization", "none",
+                     "--strategy", "zero3", "--offload_param", "nvme", "--offload_optimizer", "nvme",
+                     "--nvme_path", folder, "--lora_r", "0", "--dtype", "bf16", "--host_ram_check", "warn",
+                     "--save_model", "false", "--checkpoint_minutes", "0"])
+    finally:
+        shutil.rmtree(folder)
+    assert code == 2
+    assert re.search(rf"nvme_path {folder} has .* free but this run offloads about 1[0-9][0-9]\.[0-9] GB",
+                     capfd.readouterr().err)
 
 
 def test_one_process_gets_one_gpu():
