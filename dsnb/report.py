@@ -498,6 +498,17 @@ def held_out_line(client, base: list, group: list, base_name: str, name: str) ->
         + power_note
 
 
+def busy_bars(speeds, groups: dict) -> str:
+    """The speed panel says what the table and the verdict say: a variant with a run timed on a busy machine has its
+    bar hatched gray; the words for the panel's title ("" where no run was busy)."""
+    runs = [r for g in groups.values() for r in g]
+    busy = [r for r in runs if busy_host(r.data.metrics)]
+    for bar, group in zip(speeds.patches, groups.values(), strict=True):
+        if any(r in busy for r in group):
+            bar.set(hatch="//", facecolor="tab:gray")
+    return f"\nUNRELIABLE: {len(busy)} of the {len(runs)} runs timed on a busy machine (hatched)" if busy else ""
+
+
 def plot_runs(runs: list[RunResult], log: bool = True):
     """Four panels: peak memory, throughput and held-out exact match per variant (medians, bars from the lowest
     to the highest repeat), and every run's loss curve. The PNG is logged to every run."""
@@ -516,7 +527,7 @@ def plot_runs(runs: list[RunResult], log: bool = True):
         stats = [summary(g, key) or (nan, nan, nan) for g in groups.values()]
         heights = [m / scale for m, _, _ in stats]
         errors = [[(m - lo) / scale for m, lo, _ in stats], [(hi - m) / scale for m, _, hi in stats]]
-        ax.bar([i + offset for i in x], heights, width, yerr=errors, capsize=3, **style)
+        return ax.bar([i + offset for i in x], heights, width, yerr=errors, capsize=3, **style)
 
     memory = [("peak_gpu_allocated_mb", "GPU allocator peak"), ("peak_gpu_nvml_mb", "GPU NVML peak"),
               ("gpu_memory_used_mb", "GPUtil after-before (tutorial)"), ("peak_cpu_rss_mb", "CPU RSS peak")]
@@ -526,19 +537,23 @@ def plot_runs(runs: list[RunResult], log: bool = True):
         bars(axes[0, 0], key, width, (i - (len(memory) - 1) / 2) * width, 1024, label=label)
     if memory:
         axes[0, 0].legend(fontsize=8)
-    bars(axes[0, 1], "samples_per_second", color="tab:green")
+    speed = busy_bars(bars(axes[0, 1], "samples_per_second", color="tab:green"), groups)
     bars(axes[1, 0], "eval_exact_match", color="tab:purple")
-    for ax, title in ((axes[0, 0], "peak memory (GB)"), (axes[0, 1], "steady-state samples/s"),
-                      (axes[1, 0], f"held-out exact match after training ({eval_tasks(loaded)})")):
+    titles = ("peak memory (GB)", "steady-state samples/s" + speed,
+              f"held-out exact match after training ({eval_tasks(loaded)})")
+    for ax, title in zip((axes[0, 0], axes[0, 1], axes[1, 0]), titles, strict=True):
         ax.set(title=title, xticks=x, xticklabels=list(groups), xlim=(-0.5, len(x) - 0.5))  # a bar left out too
         ax.tick_params(axis="x", labelrotation=15, labelsize=8)
+    if speed:
+        axes[0, 1].title.set_color("tab:red")
     for name, run in zip(_names(loaded), loaded, strict=True):
         axes[1, 1].plot(*loss_curve(client, run.info.run_id), marker="o", label=name)
     axes[1, 1].set(title="training loss", xlabel="optimizer step")
     axes[1, 1].legend(fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
+    # the panels' titles in the PNG's own text: what a screen reader, or a test, reads of it
+    fig.savefig(buffer, format="png", dpi=100, metadata={"Description": " | ".join(titles + ("training loss",))})
     if log:
         for run in loaded:
             client.log_figure(run.info.run_id, fig, "comparison.png")

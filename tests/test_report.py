@@ -1,5 +1,6 @@
 """What the reports say about runs, read back from a real MLflow store: answers joined on the question, the same-work
 check over every field that sets the work, and speed verdicts that name a busy machine and their false-alarm rate."""
+import io
 import json
 import os
 
@@ -246,6 +247,16 @@ def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
     rows = list(compare_table([calm, busy]).index)
     assert "samples_per_second (UNRELIABLE: busy machine, see host_other_cores and host_steal_share)" in rows, rows
     assert "samples_per_second" in compare_table(base + fast).index
+    from PIL import Image
+
+    from dsnb.report import plot_runs
+
+    def titles(runs):
+        return Image.open(io.BytesIO(plot_runs(runs, log=False).data)).text["Description"]
+
+    busy_title = "steady-state samples/s\nUNRELIABLE: 1 of the 2 runs timed on a busy machine (hatched) |"
+    assert busy_title in titles([calm, busy])
+    assert "UNRELIABLE" not in titles(base + fast)
     notes = savings_table([calm, busy])["note"]
     assert notes["Without_DeepSpeed"] == "" and notes["With_DeepSpeed"] == ("timed on a busy machine: other processes "
                                                                             "used 3.0 of its 16 cores")
