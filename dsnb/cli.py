@@ -44,13 +44,15 @@ class Parser(argparse.ArgumentParser):
 
 
 class Last(argparse.Action):
-    """A run-config flag. Given twice with two values, the last counts, as in argparse, and dsnb says so: a command
-    line built from pieces (a script's base flags, then one changed) overrides that way."""
+    """A flag of the run's config (its fields, -f, --variant). Given twice with two values, the last counts, as in
+    argparse, and dsnb says so: a command line built from pieces (a script's base flags, then one changed) overrides
+    that way. Said redacted: a tracking_uri may carry a password."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if hasattr(namespace, self.dest) and getattr(namespace, self.dest) != values:
-            print(f"dsnb: note: {option_string} given twice ({getattr(namespace, self.dest)}, then {values}); "
-                  f"the last counts: {option_string} {values}", file=sys.stderr)
+        before = getattr(namespace, self.dest, self.default)
+        if before is not self.default and before != values:
+            print(redact(f"dsnb: note: {option_string} given twice ({before}, then {values}); the last counts: "
+                         f"{option_string} {values}"), file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 
@@ -58,7 +60,7 @@ def config_parser() -> argparse.ArgumentParser:
     """Flags shared by every command that builds a RunConfig."""
     parser = Parser(add_help=False)
     group = parser.add_argument_group("run config (defaults: the tutorial's values)")
-    group.add_argument("-f", "--file", help="YAML file of run-config fields; flags override it")
+    group.add_argument("-f", "--file", action=Last, help="YAML file of run-config fields; flags override it")
     group.add_argument("--offline", action="store_true",
                        help=f"the offline default {OFFLINE} (also {OFFLINE_ENV}=1)")
     docs = field_docs()
@@ -84,8 +86,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
 def variant_parser() -> argparse.ArgumentParser:
     """--variant, for the commands that run one variant of a file (run, check, compare)."""
     parser = Parser(add_help=False)
-    parser.add_argument("--variant", default="", help="the variant to run where -f names a file of several "
-                        "(dsnb/bench.yaml)")
+    parser.add_argument("--variant", default="", action=Last,
+                        help="the variant to run where -f names a file of several (dsnb/bench.yaml)")
     return parser
 
 

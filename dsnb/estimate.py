@@ -146,7 +146,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
         gpu = max(gpu, weights + trainable * trainable_bytes(cfg, load_bytes))  # exist (before any matmul's workspace)
     host = host_ram_mb(cfg, config, trainable, world_size, on_gpu=on_gpu) + (0 if on_gpu else gpu / MB)
     return {"est_peak_gpu_mb": gpu / MB, "est_peak_host_mb": host,
-            "est_peak_cpu_offload_mb": held["offloaded"] / MB,
+            "est_peak_cpu_offload_mb": held["offloaded"] / MB, "est_nvme_mb": held["on_nvme"] / MB,
             "est_weights_mb": held["weights"] / MB,
             "est_grads_mb": held["backward_grads"] / MB,
             "est_optimizer_mb": (step - held["weights"] - held["grads"]) / MB,
@@ -232,7 +232,7 @@ def held_bytes(cfg: RunConfig, config, trainable: int, world: int, weights: floa
     states = 12 * trainable if mixed else 2 * grads  # DeepSpeed: fp32 master and two fp32 moments; torch: two moments
     parts = 1 if stage is None or stage == 0 else world  # what ZeRO splits from stage 1
     out = {"weights": weights, "live": 0.0, "grads": grads / parts, "backward_grads": grads, "states": states / parts,
-           "all_states": states, "offloaded": 0.0}
+           "all_states": states, "offloaded": 0.0, "on_nvme": 0.0}
     if stage is None and world > 1:
         out["grads"] = out["backward_grads"] = 2 * grads  # DDP's gradient buckets hold a second copy of every gradient
     if stage == 0 and mixed:
@@ -254,11 +254,13 @@ def held_bytes(cfg: RunConfig, config, trainable: int, world: int, weights: floa
         out["backward_grads"] += bucket + whole
     if cfg.offload_optimizer != "none":  # states and the fp32 gradient copy move to the host, gradients with them
         out["offloaded"] = (states + 4 * trainable * mixed) / world
+        out["on_nvme"] = out["offloaded"] if cfg.offload_optimizer == "nvme" else 0.0
         out["states"] = 0.0
         out["grads"] -= grads / parts
         out["backward_grads"] -= grads / world
     if cfg.offload_param != "none":
         out["offloaded"] += weights / world
+        out["on_nvme"] += weights / world if cfg.offload_param == "nvme" else 0.0
     return out
 
 

@@ -6,6 +6,7 @@ notebook's kernel, `dsnb check`, a launching parent) never imports transformers'
 """
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -64,7 +65,8 @@ class Plan:
 
 
 def plan(cfg: RunConfig, world: int = 1) -> Plan:
-    """Read and check the data (training and held-out rows) and estimate the run's memory, loading no weights."""
+    """Read and check the data (training and held-out rows) and estimate the run's memory, loading no weights; refuse a
+    run that the host's RAM or the NVMe folder's free space cannot hold."""
 
     tokenizer = load_tokenizer(cfg)
     rows = load_records(cfg)
@@ -96,8 +98,10 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
     estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world,
                                row_length(cfg, samples), on_gpu=device != "cpu")
     preflight.check_host_ram(cfg, world, device, estimate)  # now with the data's activations, before any weight loads
-    if cfg.uses_nvme:  # in the plan, so `dsnb check` and the notebook's plan cell say it too, before any weight loads
-        preflight.check_nvme_space(cfg.nvme_path, estimate["est_peak_cpu_offload_mb"])
+    if cfg.uses_nvme:  # in the plan, so `dsnb check` and the notebook's plan cell say it too, before any weight loads;
+        # every process of this host swaps its own partition into the one folder
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        preflight.check_nvme_space(cfg.nvme_path, estimate["est_nvme_mb"] * local)
     return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(samples), len(samples),
                 recall_rows, data, scoring_mode(cfg), [sum(m) for m in samples["attention_mask"]], world)
 

@@ -739,14 +739,19 @@ def check_host_ram(cfg: RunConfig, world: int, device: str, estimate: dict | Non
               f"{where}; its memory-mapped pages can be dropped by the kernel, so this should load")
 
 
-def check_nvme_path(path: str) -> None:
-    """The NVMe folder exists and is writable, and DeepSpeed's async I/O (libaio) can be built."""
+def check_nvme_folder(path: str) -> None:
+    """The NVMe folder exists, is a folder and can be written to."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"nvme_path {path!r} is a file, not a folder; give a folder on a fast local disk")
     if not os.path.isdir(path):
         raise ConfigError(f"nvme_path {path!r} does not exist; create it on a fast local disk or set nvme_path")
     if not _writable(path):
         raise ConfigError(f"nvme_path {path!r} is not writable; pick a folder you can write to")
+
+
+def check_nvme_path(path: str) -> None:
+    """The NVMe folder exists and is writable, and DeepSpeed's async I/O (libaio) can be built."""
+    check_nvme_folder(path)
     from deepspeed.ops.op_builder import AsyncIOBuilder
 
     if not AsyncIOBuilder().is_compatible(verbose=False):
@@ -910,6 +915,9 @@ def prepare() -> None:
 
 
 def check_nvme_space(path: str, needed_mb: float) -> None:
+    """The NVMe folder has room for what this host's processes swap into it (a plan made alone checks the folder
+    here too)."""
+    check_nvme_folder(path)
     free_mb = shutil.disk_usage(path).free / 2**20
     if free_mb < needed_mb:
         def size(mb: float) -> str:  # a tiny synthetic model's offload is megabytes: "0.0 GB" would say nothing

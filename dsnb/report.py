@@ -502,16 +502,17 @@ def busy_bars(speeds, groups: dict) -> str:
     """The speed panel says what the table and the verdict say: a variant with a run timed on a busy machine has its
     bar hatched gray; the words for the panel's title ("" where no run was busy)."""
     runs = [r for g in groups.values() for r in g]
-    busy = [r for r in runs if busy_host(r.data.metrics)]
+    busy = sum(bool(busy_host(r.data.metrics)) for r in runs)
     for bar, group in zip(speeds.patches, groups.values(), strict=True):
-        if any(r in busy for r in group):
+        if any(busy_host(r.data.metrics) for r in group):
             bar.set(hatch="//", facecolor="tab:gray")
-    return f"\nUNRELIABLE: {len(busy)} of the {len(runs)} runs timed on a busy machine (hatched)" if busy else ""
+    return f"\nUNRELIABLE: {busy} of the {len(runs)} runs timed on a busy machine (hatched)" if busy else ""
 
 
 def plot_runs(runs: list[RunResult], log: bool = True):
     """Four panels: peak memory, throughput and held-out exact match per variant (medians, bars from the lowest
-    to the highest repeat), and every run's loss curve. The PNG is logged to every run."""
+    to the highest repeat), and every run's loss curve; a variant timed on a busy machine has its speed bar hatched
+    (busy_bars). The PNG, the panels' titles in its Description text, is logged to every run."""
     from IPython.display import Image
     from matplotlib.figure import Figure
 
@@ -553,10 +554,11 @@ def plot_runs(runs: list[RunResult], log: bool = True):
     fig.tight_layout()
     buffer = io.BytesIO()
     # the panels' titles in the PNG's own text: what a screen reader, or a test, reads of it
-    fig.savefig(buffer, format="png", dpi=100, metadata={"Description": " | ".join(titles + ("training loss",))})
+    png = {"format": "png", "dpi": 100, "metadata": {"Description": " | ".join(titles + ("training loss",))}}
+    fig.savefig(buffer, **png)
     if log:
         for run in loaded:
-            client.log_figure(run.info.run_id, fig, "comparison.png")
+            client.log_figure(run.info.run_id, fig, "comparison.png", save_kwargs=png)
     return Image(buffer.getvalue())
 
 

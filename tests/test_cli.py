@@ -166,6 +166,13 @@ def test_a_flag_given_twice_says_which_value_counts(workdir, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     # --lora_r twice with one value: no note
     assert err == ["dsnb: note: --max_steps given twice (3, then 5); the last counts: --max_steps 5"]
+    # the file and the variant too; a password in a tracking_uri is not printed
+    args = parser().parse_args(["run", "-f", "a.yaml", "--variant", "x", "-f", "b.yaml", "--tracking_uri",
+                                "https://alice:s3cret@host/x", "--tracking_uri", "https://alice:n3w@host/x"])
+    assert (args.file, args.variant) == ("b.yaml", "x")
+    err = capsys.readouterr().err
+    assert "-f given twice (a.yaml, then b.yaml); the last counts: -f b.yaml" in err and "--variant" not in err
+    assert "--tracking_uri given twice" in err and "s3cret" not in err and "n3w" not in err, err
 
 
 def test_an_unanswering_tracking_server_fails_in_seconds(here):

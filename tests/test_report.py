@@ -257,6 +257,20 @@ def test_a_speed_verdict_on_a_busy_machine_says_it_is_unreliable(workdir):
     busy_title = "steady-state samples/s\nUNRELIABLE: 1 of the 2 runs timed on a busy machine (hatched) |"
     assert busy_title in titles([calm, busy])
     assert "UNRELIABLE" not in titles(base + fast)
+    from matplotlib.figure import Figure
+
+    from dsnb.report import busy_bars, grouped, load_runs
+
+    groups = grouped(load_runs([calm, busy]))
+    speeds = Figure().subplots().bar(range(len(groups)), [1.0] * len(groups))
+    assert busy_bars(speeds, groups).startswith("\nUNRELIABLE: 1 of the 2 runs")
+    assert [bar.get_hatch() for bar in speeds.patches] == [None if name == "Without_DeepSpeed" else "//"
+                                                           for name in groups]
+    # the figure logged to the runs says it too
+    plot_runs([calm, busy])
+    logged_png = mlflow.artifacts.download_artifacts(run_id=busy.run_id, artifact_path="comparison.png",
+                                                     tracking_uri=busy.tracking_uri)
+    assert busy_title in Image.open(logged_png).text["Description"]
     notes = savings_table([calm, busy])["note"]
     assert notes["Without_DeepSpeed"] == "" and notes["With_DeepSpeed"] == ("timed on a busy machine: other processes "
                                                                             "used 3.0 of its 16 cores")
