@@ -297,7 +297,8 @@ def cmd_sweep(args) -> int:
     if said:
         print(f"\n{said}")
     notebooks = {os.path.dirname(r.notebook) for r in results if r.notebook}
-    print(f"\nExecuted notebooks: {', '.join(notebooks) or 'none (all skipped)'}; "
+    none = "none (every variant had finished before)" if all(r.status == "FINISHED" for r in results) else "none"
+    print(f"\nExecuted notebooks: {', '.join(notebooks) or none}; "
           f"runs: {ui_command(results[0].tracking_uri)}")
     return 0 if all(r.status == "FINISHED" for r in results) else 1
 
@@ -399,7 +400,12 @@ def cmd_export(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    print(ui_command(existing_store(args.tracking_uri)))
+    uri = existing_store(args.tracking_uri)
+    if uri.startswith(("http://", "https://")):  # a server: its own UI, if it answers
+        preflight.check_server(uri)
+        print(ui_command(uri))
+        return 0
+    print(ui_command(uri))
     print("This binds to 127.0.0.1 only: the MLflow UI has no login. Reach it from elsewhere through an SSH tunnel.")
     return 0
 

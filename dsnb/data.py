@@ -204,12 +204,11 @@ def squad_articles(path: str) -> list[dict] | None:
     except RecursionError:
         raise ConfigError(f"dataset file {path} is nested too deeply to read; give SQuAD's JSON or JSON lines") \
             from None
-    if top in ([], {}):
-        raise ConfigError(f"dataset file {path} holds no records; give question/context/answers records")
-    if not isinstance(top, dict) or not isinstance(top.get("data"), list):
+    articles = squad_data(top, path)
+    if articles is None:
         return None
     rows = []
-    for a, article in enumerate(top["data"], 1):
+    for a, article in enumerate(articles, 1):
         place = f"dataset file {path}, article {a}"
         if not isinstance(article, dict):
             raise ConfigError(f"{place} is {brief(article)}; each entry of data is an object with title and paragraphs")
@@ -224,6 +223,18 @@ def squad_articles(path: str) -> list[dict] | None:
     if not rows:
         raise ConfigError(f"dataset file {path} is SQuAD-format JSON but holds no questions")
     return rows
+
+
+def squad_data(top, path: str) -> list | None:
+    """The articles of a SQuAD-format file's JSON ({"data": [...]}, or that list alone), or None for other JSON."""
+    if top in ([], {}):
+        raise ConfigError(f"dataset file {path} holds no records; give question/context/answers records")
+    if isinstance(top, list) and all(isinstance(a, dict) and "paragraphs" in a for a in top):
+        return top  # the list of articles alone, without the file's {"version", "data"} around it
+    if isinstance(top, dict) and "data" in top and not isinstance(top["data"], list):
+        raise ConfigError(f"dataset file {path}: data is {brief(top['data'])}; SQuAD's JSON holds a list of articles "
+                          "there: {\"data\": [{\"title\", \"paragraphs\": [...]}, ...]}")
+    return top["data"] if isinstance(top, dict) and isinstance(top.get("data"), list) else None
 
 
 def paragraph_rows(paragraph, place: str, title: str) -> list[dict]:

@@ -294,6 +294,9 @@ def check_scheme(uri: str) -> str:
     from urllib.parse import urlparse
 
     scheme = urlparse(uri).scheme
+    if uri in ("databricks", "databricks-uc"):  # MLflow's names for a workspace, not a path
+        raise ConfigError(f"tracking_uri {uri} (a Databricks workspace) is not a store dsnb runs against; use "
+                          "sqlite:///mlflow.db, an http(s):// tracking server, or postgresql/mysql/mssql")
     if scheme in ("", "file"):
         raise ConfigError(f"tracking_uri {uri!r} is a file store, which MLflow 3 deprecates and refuses; "
                           f"use sqlite:///{uri if scheme == '' and uri.endswith('.db') else 'mlflow.db'} (or an "

@@ -751,6 +751,7 @@ def export_store(tracking_uri: str, dest: str) -> str:
     if os.path.realpath(dest).startswith(os.path.realpath(artifacts) + os.sep):  # also through a symlink
         raise ConfigError(f"the zip {dest} would sit inside the store's own artifacts ({artifacts}) and so hold "
                           "itself; write it elsewhere")
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)  # -o results/store.zip: its folder made
     try:
         with staged(dest) as part, tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dest))) as tmp:
             copy = os.path.join(tmp, "mlflow.db")
@@ -929,7 +930,9 @@ def start_ui(tracking_uri: str, port: int, wait_s: float = UI_WAIT_S):
 
 def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:
     """The command that opens the MLflow UI on this machine only (no auth: keep it off the network), for the store in
-    use: shell-quoted, a relative SQLite path made absolute, credentials masked."""
+    use: shell-quoted, a relative SQLite path made absolute, credentials masked; for a tracking server, its address."""
+    if tracking_uri.startswith(("http://", "https://")):  # a tracking server serves the UI itself
+        return f"open {redact(tracking_uri)} in a browser (the tracking server serves MLflow's UI)"
     db = sqlite_path(tracking_uri)
     uri = f"sqlite:///{os.path.abspath(db)}" if db is not None else redact(tracking_uri)
     return f"mlflow ui --backend-store-uri {shlex.quote(uri)} --host {host} --port {port}"

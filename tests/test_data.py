@@ -461,6 +461,20 @@ def test_the_nested_json_of_another_shape_is_refused_naming_the_place(tmp_path, 
     path.write_text(json.dumps({"data": ["서울"]}, ensure_ascii=False))
     with pytest.raises(ConfigError, match=r"article 1 is str '서울'; each entry of data is an object"):
         load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=1)))
+    # one article where the list of them belongs: said as SQuAD's shape, not as a table lacking columns
+    path.write_text(json.dumps({"version": "1.1", "data": nested([])["data"][0]}, ensure_ascii=False))
+    with pytest.raises(ConfigError, match=r"data is dict .*; SQuAD's JSON holds a list of articles there"):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=1)))
+
+
+def test_the_list_of_squad_articles_alone_is_read_as_the_official_file(tmp_path):
+    """The official file's "data" list without the {"version", "data"} around it: the same rows as the whole file."""
+    whole, alone = tmp_path / "whole.json", tmp_path / "alone.json"
+    articles = nested([{"context": "서울은 수도이다.", "qas": [qa(0), qa(1)]}])
+    whole.write_text(json.dumps(articles, ensure_ascii=False))
+    alone.write_text(json.dumps(articles["data"], ensure_ascii=False))
+    rows = [load_records(RunConfig(**dict(OFFLINE, dataset=str(p), num_samples=2))) for p in (whole, alone)]
+    assert rows[0] == rows[1] and [r["question"] for r in rows[1]] == ["질문 0?", "질문 1?"]
 
 
 def test_nested_json_shapes_with_one_meaning_are_read_as_meant(tmp_path):

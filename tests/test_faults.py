@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zipfile
 
 import mlflow
 import pytest
@@ -255,6 +256,8 @@ def test_export_refuses_what_would_lose_or_loop(here, workdir):
     code, err = here("export", "--tracking_uri", "sqlite:///corrupt/mlflow.db", "-o", "c.zip")
     assert code == 2 and "is not a readable MLflow store" in err
     assert sorted(p.name for p in workdir.iterdir() if p.suffix in (".zip", ".partial")) == []
+    code, err = here("export", "-o", "new/folder/store.zip")  # a folder not made yet is made, as results_folder is
+    assert code == 0 and zipfile.is_zipfile(workdir / "new" / "folder" / "store.zip"), err
 
 
 def test_the_ui_command_is_quoted_for_the_shell_and_names_the_store(workdir):
@@ -262,6 +265,7 @@ def test_the_ui_command_is_quoted_for_the_shell_and_names_the_store(workdir):
     command = ui_command(f"sqlite:///{folder}/mlflow.db")
     assert f"--backend-store-uri 'sqlite:///{folder}/mlflow.db' --host 127.0.0.1" in command
     assert "***@" in ui_command("http://user:secret@host:5000") and "secret" not in ui_command("http://u:secret@h")
+    assert ui_command("https://mlflow.example:5000").startswith("open https://mlflow.example:5000 in a browser")
 
 
 def test_a_zip_that_is_no_store_is_named(workdir):

@@ -412,3 +412,4 @@ def test_a_sweep_whose_notebook_cannot_run_records_each_variant_failed_and_goes_
     assert {n: r.info.status for n, r in runs.items()} == {"first": "FAILED", "org/second": "FAILED"}
     assert all(r.data.tags["notebook_error"] for r in runs.values())
     assert "first: failed (" in done.stdout and "not.ipynb did not run at all" in done.stdout, done.stdout[-2000:]
+    assert "Executed notebooks: none; " in done.stdout  # failed, not skipped as finished before
