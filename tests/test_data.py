@@ -693,3 +693,17 @@ def test_answers_in_a_shape_that_would_train_the_no_answer_marker_are_refused_an
     assert unanswerable and p.data["train_no_answer"] == unanswerable
     assert f"note: {unanswerable} of the {p.samples} training samples have no answer (SQuAD 2.0's unanswerable " \
            f"questions, or an answer left empty): they train the answer {NO_ANSWER!r}" in describe_plan(cfg, p)
+
+
+def test_an_answer_start_that_misses_its_answer_is_not_trusted(tmp_path):
+    """answer_start as a string, negative, past the passage's end or at another place: the answer is placed where its
+    text occurs (the second 서울 here, where the start points at it, is kept)."""
+    from dsnb.data import answer_spans
+
+    context = "서울은 수도이다. 서울의 강은 한강이다."
+    path = tmp_path / "starts.json"
+    starts = ["zero", -5, 999, 4, 10]
+    path.write_text(json.dumps(nested([{"context": context, "qas": [qa(i, "서울", s) for i, s in enumerate(starts)]}]),
+                               ensure_ascii=False))
+    rows = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=5)))
+    assert [answer_spans(r, context) for r in rows] == [[(0, 2)], [(0, 2)], [(0, 2)], [(0, 2)], [(10, 12)]]
