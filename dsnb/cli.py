@@ -50,10 +50,18 @@ class Last(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         before = getattr(namespace, self.dest, self.default)
-        if before is not self.default and before != values:
+        if before is not self.default and not same_value(before, values):
             print(redact(f"dsnb: note: {option_string} given twice ({before}, then {values}); the last counts: "
                          f"{option_string} {values}"), file=sys.stderr)
         setattr(namespace, self.dest, values)
+
+
+def same_value(a: str, b: str) -> bool:
+    """Two spellings of one flag's value: the same text, or the same number (1e-4 and 0.0001)."""
+    try:
+        return a == b or float(a) == float(b)
+    except ValueError:
+        return False
 
 
 def config_parser() -> argparse.ArgumentParser:

@@ -163,10 +163,10 @@ def test_a_flag_given_twice_says_which_value_counts(workdir, capsys):
     from dsnb.cli import build_config, parser
 
     args = parser().parse_args(["check", "--offline", "--max_steps", "3", "--lora_r", "8", "--max_steps", "5",
-                                "--lora_r", "8"])
+                                "--lora_r", "8", "--learning_rate", "1e-4", "--learning_rate", "0.0001"])
     assert build_config(args).max_steps == 5
     err = capsys.readouterr().err.strip().splitlines()
-    # --lora_r twice with one value: no note
+    # --lora_r twice with one value, --learning_rate with one number spelled two ways: no note
     assert err == ["dsnb: note: --max_steps given twice (3, then 5); the last counts: --max_steps 5"]
     # the file and the variant too; a password in a tracking_uri is not printed
     args = parser().parse_args(["run", "-f", "a.yaml", "--variant", "x", "-f", "b.yaml", "--tracking_uri",
