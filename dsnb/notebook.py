@@ -16,7 +16,7 @@ import os
 from . import preflight
 from .config import OFFLINE_ENV, RENAMED, ConfigError, RunConfig, field_names, offline_requested
 from .report import find_runs
-from .tracking import mlflow_client, open_store
+from .tracking import existing_store, mlflow_client, open_store
 
 
 def from_notebook(namespace: dict, check: bool = True) -> RunConfig:
@@ -52,7 +52,7 @@ def compared_runs(cfg: RunConfig) -> list:
     """The newest run of each name, with its comparison's other repeats (report.find_runs), in cfg's store (an
     uploaded zip too) and experiment, the quality check's left out: it lands in the pair's experiment, and its toy
     model's speed and memory would be compared with the pair's."""
-    uri = open_store(cfg.tracking_uri)
+    uri = existing_store(open_store(cfg.tracking_uri))  # a store that is not there is said, not made empty
     client = mlflow_client(uri)
     return [r for r in find_runs(uri, cfg.experiment)
             if client.get_run(r.run_id).data.params.get("preset") != QUALITY_PRESET]

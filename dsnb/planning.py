@@ -94,6 +94,7 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
                                                                                min(cfg.eval_samples, len(rows))))]
     config = model_config(cfg.model)
     trainable = trainable_params(cfg, config)
+    check_lora_targets(cfg, config, trainable)
     device = preflight.pick_device()
     estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world,
                                row_length(cfg, samples), on_gpu=device != "cpu")
@@ -104,6 +105,19 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
         preflight.check_nvme_space(cfg.nvme_path, estimate["est_nvme_mb"] * local)
     return Plan(tokenizer, train_set, eval_rows, config, trainable, estimate, truncated(samples), len(samples),
                 recall_rows, data, scoring_mode(cfg), [sum(m) for m in samples["attention_mask"]], world)
+
+
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")  # the architectures whose layer names estimate.py knows
+LAYERS = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+
+
+def check_lora_targets(cfg: RunConfig, config, trainable: int) -> None:
+    """LoRA's target names match a layer of the model, before it loads (peft says so only once it has loaded)."""
+    targets = {t.strip() for t in cfg.lora_targets.split(",")}
+    if cfg.lora_r and not trainable and getattr(config, "model_type", "") in LLAMA_LIKE and \
+            not targets & {"lm_head", "embed_tokens"}:
+        raise ConfigError(f"lora_targets {cfg.lora_targets!r} names no layer of {cfg.model}; its layers are "
+                          f"{LAYERS} (or all-linear)")
 
 
 def describe_plan(cfg: RunConfig, p: Plan) -> str:

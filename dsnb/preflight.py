@@ -294,6 +294,9 @@ def check_scheme(uri: str) -> str:
     from urllib.parse import urlparse
 
     scheme = urlparse(uri).scheme
+    if scheme == "" and uri.endswith(".zip"):
+        raise ConfigError(f"tracking_uri {uri} is a zip of a store: open it with dsnb.open_store({uri!r}) (notebook 03 "
+                          "does), or unzip it and give its mlflow.db as sqlite:///...")
     if uri in ("databricks", "databricks-uc"):  # MLflow's names for a workspace, not a path
         raise ConfigError(f"tracking_uri {uri} (a Databricks workspace) is not a store dsnb runs against; use "
                           "sqlite:///mlflow.db, an http(s):// tracking server, or postgresql/mysql/mssql")

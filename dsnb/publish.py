@@ -42,8 +42,9 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
                 try:
                     model_dir = client.download_artifacts(result.run_id, "model", tmp)
                 except Exception as e:  # a run without save_model, or one that failed before saving
-                    raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); train with "
-                                      "save_model true") from None
+                    fix = (f"it ended {run.info.status}, before its model was saved: run it again"
+                           if run.info.status != "FINISHED" else "train with save_model true")
+                    raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); {fix}") from None
                 lora = os.path.isfile(os.path.join(model_dir, "adapter_config.json"))
                 probe = run.data.metrics.get("probe_logit_norm")
                 merge_facts = merged(cfg, model_dir, part, probe) if merge and lora else {}
@@ -283,7 +284,13 @@ def ask(source, question: str, passage: str = "", max_new_tokens: int = 64) -> s
     import torch
     from transformers import TextStreamer
 
-
+    if not isinstance(question, str) or not question.strip():
+        raise ConfigError(f"question is {question!r}; ask the model a question, as text")
+    if not isinstance(passage, str):
+        raise ConfigError(f"passage is {type(passage).__name__}; give the text to read, or \"\" for none")
+    if not isinstance(source, (str, RunResult)):
+        raise ConfigError(f"ask takes a run (what compare, run_once or quality_check returned) or a saved model's "
+                          f"folder, not {type(source).__name__}")
     folder = source if isinstance(source, str) else keep(source)
     if folder not in _ASKED:
         base = "" if isinstance(source, str) else \

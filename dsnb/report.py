@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 
-from .config import WORK_FIELDS, redact
+from .config import WORK_FIELDS, ConfigError, redact
 from .data import eval_task
 from .metrics import Budget, busy_host, fit, gpu_taken_mb, mfu_text, scores_text, synthetic_note, wilson
 from .tracking import RunResult, existing_store, mlflow_client, oom_guess, params_then, search, ui_command
@@ -33,9 +33,31 @@ MOST_QUESTIONS = 16384
 FINGERPRINTS = ("eval_set", "data_fingerprint", "train_math", "scoring_mode")  # what same_work compares too
 
 
+def given(runs: list[RunResult]) -> list[RunResult]:
+    """The runs a report reads: None left out (a quality check that was skipped), each run once (listed twice, it is
+    one measurement, not two repeats); none at all refused."""
+    unique = list({r.run_id: r for r in runs if r is not None}.values())
+    if not unique:
+        raise ConfigError("no runs to report on: give the results of compare, run_once or find_runs")
+    return unique
+
+
+class RunsClient:
+    """An MLflow client for runs from any number of stores: each call that names a run goes to that run's own store
+    (a comparison of runs from two stores read each run's losses and answers from the first store before)."""
+
+    def __init__(self, runs: list[RunResult]):
+        self.stores = {r.run_id: r.tracking_uri for r in runs}
+
+    def __getattr__(self, name: str):
+        def call(run_id: str, *args, **kwargs):
+            return getattr(mlflow_client(self.stores[run_id]), name)(run_id, *args, **kwargs)
+        return call
+
+
 def load_runs(runs: list[RunResult]) -> list:
-    """The MLflow runs behind results, as the store holds them now."""
-    return [mlflow_client(r.tracking_uri).get_run(r.run_id) for r in runs]
+    """The MLflow runs behind results, as the store holds them now (given: each once, no None)."""
+    return [mlflow_client(r.tracking_uri).get_run(r.run_id) for r in given(runs)]
 
 
 def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED")) -> list[RunResult]:
@@ -45,7 +67,8 @@ def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED"
     client = mlflow_client(existing_store(tracking_uri))
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise ValueError(f"experiment {experiment!r} has no runs in {tracking_uri}; run a variant first")
+        raise ConfigError(f"experiment {experiment!r} has no runs in {redact(tracking_uri)}; run a variant first, or "
+                          "give the experiment the runs were logged to")
     found = [r for r in search(client, [exp.experiment_id], order_by=["attributes.start_time DESC"])
              if r.info.status in statuses]
     newest, jobs = {}, {}
@@ -208,7 +231,8 @@ def verdict(runs: list[RunResult]) -> str:
     run-to-run spread" where the repeats' ranges do not overlap (an exact rank test's p-value is given: that wording's
     false-alarm rate), and unreliable where the machine was busy while a run was timed; held-out answers: the paired
     test of same_work."""
-    client = mlflow_client(runs[0].tracking_uri)
+    runs = given(runs)
+    client = RunsClient(runs)
     groups = grouped(load_runs(runs))
     names = list(groups)
     lines = []
@@ -339,7 +363,8 @@ def same_work(runs: list[RunResult], loss_tolerance: float = 0.05) -> str:
     of each variant against the first's, question by question, differ by no more than chance (same_answers: an exact
     paired test whose false-alarm rate at equal skill is at most ALPHA)."""
 
-    client = mlflow_client(runs[0].tracking_uri)
+    runs = given(runs)
+    client = RunsClient(runs)
     loaded = load_runs(runs)
     different = []
     params = [params_then(run.data.params) for run in loaded]  # a field a run's dsnb predates: as it then was
@@ -516,7 +541,8 @@ def plot_runs(runs: list[RunResult], log: bool = True):
     from IPython.display import Image
     from matplotlib.figure import Figure
 
-    client = mlflow_client(runs[0].tracking_uri)
+    runs = given(runs)
+    client = RunsClient(runs)
     loaded = load_runs(runs)
     groups = grouped(loaded)
     fig = Figure(figsize=(12, 8))
@@ -571,7 +597,9 @@ def answers(runs: list[RunResult], n: int | None = None):
     several stores, which."""
     import pandas as pd
 
-    runs = [r for r in runs if r is not None]  # a skipped quality check is None
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(f"n is {n!r}; give how many questions to show, a whole number, or None for all")
+    runs = given(runs)  # a skipped quality check is None
     table: dict[str, dict] = {}
     columns: list[str] = []
     stores = list(dict.fromkeys(r.tracking_uri for r in runs))
@@ -606,6 +634,8 @@ def quality_verdict(result: RunResult | None) -> str:
     measure (eval_task), and with a closed-book prompt on the trained questions (recall)."""
     if result is None:
         return "No quality check: eval_samples is 0"
+    if not isinstance(result, RunResult):
+        raise ConfigError(f"quality_verdict takes the one run quality_check returned, not {type(result).__name__}")
     m = result.metrics
     if "eval_exact_match" not in m:
         return f"{result.name}: no held-out scores ({result.status})"
@@ -636,7 +666,7 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
     base = baseline if baseline is not None else next(
         (n for n, g in groups.items() if g[0].data.params.get("strategy") == "baseline"), names[0])
     if base not in groups:
-        raise ValueError(f"baseline {base!r} is none of the runs' names: {', '.join(names)}")
+        raise ConfigError(f"baseline {base!r} is none of the runs' names: {', '.join(names)}")
     on_gpu = any(summary(g, "peak_gpu_allocated_mb") for g in groups.values())
     memory = "peak_gpu_allocated_mb" if on_gpu else "peak_cpu_rss_mb"
     saved = "gpu_memory_saved" if on_gpu else "host_rss_saved (no GPU)"
@@ -692,6 +722,8 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
     within their run-to-run spread. Runs on the CPU measured no GPU memory: none is judged against a GPU's budget."""
     import statistics
 
+    if isinstance(memory_budget_gb, bool) or not isinstance(memory_budget_gb, (int, float)) or memory_budget_gb <= 0:
+        raise ConfigError(f"memory_budget_gb is {memory_budget_gb!r}; give the GPU memory budget in GB, a number")
     groups, budget = grouped(load_runs(runs)), Budget(memory_budget_gb)
     done = {n: g for n, g in groups.items() if finished_values(g, "samples_per_second")}
     states = {n: {fit(r.info.status, r.data.metrics, budget) for r in g if r.info.status in ("FINISHED", "FAILED")}

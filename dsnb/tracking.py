@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -811,16 +812,33 @@ def download_store(tracking_uri: str, drive_folder: str = "") -> str:
     return dest
 
 
+ZIP_MARKER = ".dsnb_zip"  # in a folder open_store unzipped: the zip's digest
+
+
+def zip_ident(path: str) -> str:
+    """A zip's content digest (SHA-1)."""
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def open_store(tracking_uri: str) -> str:
     """A store to read: a zip from download_store (uploaded to a new runtime, say) is unzipped beside itself once
-    (into a folder of its name, which must be new, empty or that store) and its SQLite file used; any other URI is
-    returned as it is."""
+    (into a folder of its name, which must be new, empty or that store; another zip uploaded under the same name into
+    a folder of its own) and its SQLite file used; any other URI is returned as it is."""
 
     if not tracking_uri.endswith(".zip"):
         return tracking_uri
     if not os.path.isfile(tracking_uri):
         raise ConfigError(f"{tracking_uri} does not exist; upload dsnb_mlflow.zip first (Colab: the Files pane)")
-    folder = tracking_uri[:-4]
+    folder, ident = tracking_uri[:-4], zip_ident(tracking_uri)
+    marker = os.path.join(folder, ZIP_MARKER)
+    if os.path.isfile(marker) and open(marker).read().strip() != ident:  # another zip uploaded under the same name:
+        folder += f"-{ident[:8]}"  # unzipped beside the earlier one, whose store is kept as it is
+        print(f"dsnb: {tracking_uri} is not the zip unzipped into {tracking_uri[:-4]} before; unzipping it into "
+              f"{folder}")
     if not os.path.isfile(os.path.join(folder, "mlflow.db")):
         if os.path.exists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
             raise ConfigError(f"{folder} exists and holds no mlflow.db, so {tracking_uri} cannot be unzipped there; "
@@ -831,6 +849,8 @@ def open_store(tracking_uri: str) -> str:
                     raise ConfigError(f"{tracking_uri} holds no mlflow.db; give a zip that dsnb export or "
                                       "download_store made")
                 zf.extractall(part)
+                with open(os.path.join(part, ZIP_MARKER), "w") as f:  # which zip this is: a new upload told apart
+                    f.write(ident)
         except zipfile.BadZipFile as e:
             raise ConfigError(f"{tracking_uri} is not a readable zip ({describe(e)}); upload it again (an upload cut "
                               "short looks like this)") from None

@@ -399,3 +399,27 @@ def test_a_store_of_another_schema_is_named_with_what_to_do(here, workdir):
     assert command == f"cp mlflow.db mlflow.db.bak && mlflow db upgrade sqlite:///{workdir}/mlflow.db"
     subprocess.run(command, shell=True, cwd=workdir, check=True, capture_output=True)
     assert here("check", "--offline")[0] == 0
+
+
+def test_another_zip_uploaded_under_the_same_name_is_read_not_the_earlier_ones_store(workdir, capsys):
+    """Notebook 03 opens an uploaded dsnb_mlflow.zip by unzipping it beside itself once. A new zip uploaded under the
+    same name was read as the earlier one's store, silently; now it is unzipped into a folder of its own, and said."""
+    from dsnb.report import find_runs
+    from dsnb.tracking import export_store
+
+    zips = []
+    for name in ("a", "b"):
+        (workdir / name).mkdir()
+        run_id = a_store_with_a_run(workdir / name, 0.01)
+        zips.append((export_store(f"sqlite:///{workdir / name}/mlflow.db", str(workdir / f"{name}.zip")), run_id))
+    upload = workdir / "up" / "dsnb_mlflow.zip"
+    upload.parent.mkdir()
+    opened = []
+    for path, _ in zips:
+        upload.write_bytes(pathlib.Path(path).read_bytes())
+        uri = open_store(str(upload))
+        opened.append((uri, [r.run_id for r in find_runs(uri, "DeepSpeed_Comparison")]))
+    assert [ids for _, ids in opened] == [[run_id] for _, run_id in zips]
+    assert opened[0][0] != opened[1][0] and (workdir / "up" / "dsnb_mlflow" / "mlflow.db").is_file()  # both kept
+    assert "is not the zip unzipped into" in capsys.readouterr().out
+    assert open_store(str(upload)) == opened[1][0]  # the same zip again: its folder, nothing unzipped anew

@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import mlflow
 import pytest
 
 from dsnb.config import OFFLINE, ConfigError, RunConfig
@@ -191,3 +192,23 @@ def test_keep_saves_with_the_results_merges_only_what_it_says_and_a_failed_push_
     assert "fully fine-tuned model" in open(os.path.join(whole, "README.md")).read()
     assert sorted(p.name for p in (folder / "results" / "models").iterdir() if full.run_id[:8] in p.name) == [
         f"model-{full.run_id[:8]}"]
+
+
+def test_ask_and_keep_say_what_to_change(tmp_path):
+    """ask with no question, no passage text or no run says so before any model loads (an empty question was answered);
+    keep on a run that failed before its model was saved says to run it again (it said to set save_model true)."""
+    from dsnb.publish import ask, keep
+    from dsnb.tracking import create_run
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_id = create_run(RunConfig(**dict(OFFLINE, tracking_uri=uri, output_dir=str(tmp_path / "runs"))))
+    mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
+    failed = RunResult.read(uri, run_id)
+    for call, message in ((lambda: ask(failed, ""), "question is ''; ask the model a question"),
+                          (lambda: ask(failed, None), "question is None"),
+                          (lambda: ask(failed, "수도는?", None), "passage is NoneType"),
+                          (lambda: ask(None, "수도는?", "서울"), "ask takes a run"),
+                          (lambda: keep(failed, str(tmp_path / "kept")),
+                           f"run {run_id} has no saved model .*it ended FAILED, before its model was saved: run it")):
+        with pytest.raises(ConfigError, match=message):
+            call()

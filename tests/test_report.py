@@ -541,3 +541,44 @@ def test_the_tables_ratio_marks_and_labels_follow_the_verdicts_rule(workdir):
     assert "train_runtime_sec (the whole training call: first steps and compiling included)" in table.index
     assert interruption(KeyboardInterrupt()) == "interrupted (Ctrl-C)"
     assert interruption(KeyboardInterrupt("SIGTERM")) == "interrupted: SIGTERM"
+
+
+def test_reports_read_each_run_from_its_own_store_count_it_once_and_refuse_nothing_to_read(workdir):
+    """Runs from two stores: each run's losses and answers come from its own store (same_work counted the second run's
+    losses in the first store: "1, 0 records"; plot_runs failed). A run listed twice is one measurement, not two
+    repeats with a spread; None (a skipped quality check) is left out; nothing to read, or a value of the wrong kind,
+    is said in one line."""
+    import pytest
+
+    from dsnb.config import ConfigError
+    from dsnb.report import answers, best_for_budget, compare_table, load_runs, plot_runs, quality_verdict
+
+    idle = dict(host_other_cores=0.02, host_cores=16.0, peak_cpu_rss_mb=1000.0, samples_per_second=10.0)
+    one = logged(workdir / "one", "Without_DeepSpeed", idle, rows=rows([1, 2], ["gold 1", "x"]))
+    two = logged(workdir / "two", "With_DeepSpeed", idle, rows=rows([1, 2], ["gold 1", "gold 2"]))
+    assert "logged losses: 1 records a run" in same_work([one, two])
+    assert plot_runs([one, two], log=False).data[:4] == b"\x89PNG"
+    assert "held-out" in verdict([one, two])
+    assert [r.info.run_id for r in load_runs([one, None, one, two])] == [one.run_id, two.run_id]
+    assert compare_table([one, one, two]).loc["runs"].tolist()[:2] == ["1", "1"]
+    for call, message in ((lambda: verdict([]), "no runs to report on"), (lambda: plot_runs([None]), "no runs to"),
+                          (lambda: quality_verdict([one]), "takes the one run quality_check returned"),
+                          (lambda: best_for_budget([one], "15"), "memory_budget_gb is '15'"),
+                          (lambda: answers([one], n="8"), "n is '8'")):
+        with pytest.raises(ConfigError, match=message):
+            call()
+
+
+def test_notebook_03_on_a_folder_without_a_store_says_so_and_makes_none(tmp_path):
+    """compared_runs (notebook 03) on a results folder holding no store: one line, no empty store made there (it made
+    one, then raised ValueError: no runs)."""
+    import pytest
+
+    from dsnb.config import ConfigError
+    from dsnb.notebook import compared_runs
+
+    folder = tmp_path / "nowhere"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="there is no store at"):
+        compared_runs(RunConfig(**dict(OFFLINE, tracking_uri=f"sqlite:///{folder}/mlflow.db")))
+    assert list(folder.iterdir()) == []
