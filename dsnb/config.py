@@ -287,6 +287,8 @@ class RunConfig:
     def __post_init__(self):
         self._coerce_types()
         self._expand_home()
+        if isinstance(self.lora_targets, str):  # "q_proj, v_proj" is "q_proj,v_proj": peft took " v_proj" for no layer
+            self.lora_targets = ",".join(t.strip() for t in self.lora_targets.split(","))
         for name, allowed in (("strategy", STRATEGIES), ("offload_optimizer", OFFLOADS),
                               ("offload_param", OFFLOADS), ("quantization", QUANTIZATIONS),
                               ("dtype", DTYPES), ("padding", PADDINGS), ("prompt", PROMPTS),

@@ -229,7 +229,8 @@ def squad_data(top, path: str) -> list | None:
     """The articles of a SQuAD-format file's JSON ({"data": [...]}, or that list alone), or None for other JSON."""
     if top in ([], {}):
         raise ConfigError(f"dataset file {path} holds no records; give question/context/answers records")
-    if isinstance(top, list) and all(isinstance(a, dict) and "paragraphs" in a for a in top):
+    if isinstance(top, list) and all(isinstance(a, dict) and isinstance(a.get("paragraphs"), list)
+                                     and "question" not in a for a in top):
         return top  # the list of articles alone, without the file's {"version", "data"} around it
     if isinstance(top, dict) and "data" in top and not isinstance(top["data"], list):
         raise ConfigError(f"dataset file {path}: data is {brief(top['data'])}; SQuAD's JSON holds a list of articles "

@@ -42,8 +42,9 @@ def save_model(result: RunResult, dest: str, merge: bool = False) -> str:
                 try:
                     model_dir = client.download_artifacts(result.run_id, "model", tmp)
                 except Exception as e:  # a run without save_model, or one that failed before saving
-                    fix = (f"it ended {run.info.status}, before its model was saved: run it again"
-                           if run.info.status != "FINISHED" else "train with save_model true")
+                    fix = ("train with save_model true" if run.info.status == "FINISHED" else "it is still running"
+                           if run.info.status == "RUNNING" else
+                           f"it ended {run.info.status}, before its model was saved: run it again")
                     raise ConfigError(f"run {result.run_id} has no saved model ({describe(e)}); {fix}") from None
                 lora = os.path.isfile(os.path.join(model_dir, "adapter_config.json"))
                 probe = run.data.metrics.get("probe_logit_norm")

@@ -11,6 +11,7 @@ Plots are drawn on matplotlib Figures of their own, so your pyplot backend and f
 from __future__ import annotations
 
 import io
+import numbers
 
 from .config import WORK_FIELDS, ConfigError, redact
 from .data import eval_task
@@ -77,6 +78,9 @@ def find_runs(tracking_uri: str, experiment: str, statuses=("FINISHED", "FAILED"
         jobs.setdefault((run.info.run_name, invocation(run), job(run)), run)  # a job run again: its newest record
     chosen = [r for r in found if r is newest[r.info.run_name] or invocation(r) is not None and invocation(r) ==
               invocation(newest[r.info.run_name]) and jobs[r.info.run_name, invocation(r), job(r)] is r]
+    if not chosen:
+        raise ConfigError(f"experiment {experiment!r} in {redact(tracking_uri)} holds no finished or failed run; run a "
+                          "variant first")
     return [RunResult(r.info.run_id, r.info.run_name, r.info.status, tracking_uri, dict(r.data.metrics))
             for r in sorted(chosen, key=lambda r: r.info.start_time)]
 
@@ -597,7 +601,7 @@ def answers(runs: list[RunResult], n: int | None = None):
     several stores, which."""
     import pandas as pd
 
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+    if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
         raise ConfigError(f"n is {n!r}; give how many questions to show, a whole number, or None for all")
     runs = given(runs)  # a skipped quality check is None
     table: dict[str, dict] = {}
@@ -722,8 +726,10 @@ def best_for_budget(runs: list[RunResult], memory_budget_gb: float) -> str:
     within their run-to-run spread. Runs on the CPU measured no GPU memory: none is judged against a GPU's budget."""
     import statistics
 
-    if isinstance(memory_budget_gb, bool) or not isinstance(memory_budget_gb, (int, float)) or memory_budget_gb <= 0:
-        raise ConfigError(f"memory_budget_gb is {memory_budget_gb!r}; give the GPU memory budget in GB, a number")
+    if isinstance(memory_budget_gb, bool) or not isinstance(memory_budget_gb, numbers.Real) or \
+            not memory_budget_gb >= 0:
+        raise ConfigError(f"memory_budget_gb is {memory_budget_gb!r}; give the GPU memory budget in GB, a number (0: "
+                          "the whole GPU)")
     groups, budget = grouped(load_runs(runs)), Budget(memory_budget_gb)
     done = {n: g for n, g in groups.items() if finished_values(g, "samples_per_second")}
     states = {n: {fit(r.info.status, r.data.metrics, budget) for r in g if r.info.status in ("FINISHED", "FAILED")}

@@ -824,6 +824,13 @@ def zip_ident(path: str) -> str:
     return digest.hexdigest()
 
 
+def zip_marker(folder: str) -> str:
+    """The digest of the zip open_store unzipped into folder ("" where it left none: an earlier dsnb's)."""
+    with contextlib.suppress(OSError), open(os.path.join(folder, ZIP_MARKER)) as f:
+        return f.read().strip()
+    return ""
+
+
 def open_store(tracking_uri: str) -> str:
     """A store to read: a zip from download_store (uploaded to a new runtime, say) is unzipped beside itself once
     (into a folder of its name, which must be new, empty or that store; another zip uploaded under the same name into
@@ -834,9 +841,8 @@ def open_store(tracking_uri: str) -> str:
     if not os.path.isfile(tracking_uri):
         raise ConfigError(f"{tracking_uri} does not exist; upload dsnb_mlflow.zip first (Colab: the Files pane)")
     folder, ident = tracking_uri[:-4], zip_ident(tracking_uri)
-    marker = os.path.join(folder, ZIP_MARKER)
-    if os.path.isfile(marker) and open(marker).read().strip() != ident:  # another zip uploaded under the same name:
-        folder += f"-{ident[:8]}"  # unzipped beside the earlier one, whose store is kept as it is
+    if os.path.isfile(os.path.join(folder, "mlflow.db")) and zip_marker(folder) != ident:  # another zip uploaded
+        folder += f"-{ident[:8]}"  # under the same name (or one an earlier dsnb unzipped, unmarked): unzipped apart
         print(f"dsnb: {tracking_uri} is not the zip unzipped into {tracking_uri[:-4]} before; unzipping it into "
               f"{folder}")
     if not os.path.isfile(os.path.join(folder, "mlflow.db")):
@@ -864,6 +870,8 @@ def show_ui(tracking_uri: str, port: int = 5000):
     try:
         from google.colab import output
     except ImportError:
+        output = None
+    if output is None or uri.startswith(("http://", "https://")):  # elsewhere, or a server with its own UI
         print(f"Open the runs side by side: {ui_command(uri, port=port)}")
         return None
     port = free_port(port)  # a UI already serving another store there (notebook 01's, say) would be framed instead
@@ -952,7 +960,7 @@ def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> 
     """The command that opens the MLflow UI on this machine only (no auth: keep it off the network), for the store in
     use: shell-quoted, a relative SQLite path made absolute, credentials masked; for a tracking server, its address."""
     if tracking_uri.startswith(("http://", "https://")):  # a tracking server serves the UI itself
-        return f"open {redact(tracking_uri)} in a browser (the tracking server serves MLflow's UI)"
+        return f"{redact(tracking_uri)} (the tracking server's own UI: open it in a browser)"
     db = sqlite_path(tracking_uri)
     uri = f"sqlite:///{os.path.abspath(db)}" if db is not None else redact(tracking_uri)
     return f"mlflow ui --backend-store-uri {shlex.quote(uri)} --host {host} --port {port}"

@@ -287,3 +287,10 @@ def test_a_folder_where_a_file_is_wanted_and_a_file_where_a_folder_is_are_named_
     (tmp_path / "t.yaml").write_text("lora_r:\t8\n")
     with pytest.raises(ConfigError, match="line 1, column 8: .* \\(a tab cannot indent or separate YAML; use"):
         read_yaml(str(tmp_path / "t.yaml"))
+
+
+def test_lora_targets_written_with_spaces_name_the_same_layers():
+    """"q_proj, v_proj" is "q_proj,v_proj": peft took " v_proj" for no layer and failed after the model loaded, and the
+    two spellings compared as different work."""
+    assert RunConfig(lora_targets=" q_proj, v_proj ").lora_targets == "q_proj,v_proj"
+    assert RunConfig(lora_targets="all-linear").lora_targets == "all-linear"

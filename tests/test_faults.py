@@ -265,7 +265,8 @@ def test_the_ui_command_is_quoted_for_the_shell_and_names_the_store(workdir):
     command = ui_command(f"sqlite:///{folder}/mlflow.db")
     assert f"--backend-store-uri 'sqlite:///{folder}/mlflow.db' --host 127.0.0.1" in command
     assert "***@" in ui_command("http://user:secret@host:5000") and "secret" not in ui_command("http://u:secret@h")
-    assert ui_command("https://mlflow.example:5000").startswith("open https://mlflow.example:5000 in a browser")
+    assert ui_command("https://mlflow.example:5000") == ("https://mlflow.example:5000 (the tracking server's own UI: "
+                                                         "open it in a browser)")
 
 
 def test_a_zip_that_is_no_store_is_named(workdir):
@@ -423,3 +424,8 @@ def test_another_zip_uploaded_under_the_same_name_is_read_not_the_earlier_ones_s
     assert opened[0][0] != opened[1][0] and (workdir / "up" / "dsnb_mlflow" / "mlflow.db").is_file()  # both kept
     assert "is not the zip unzipped into" in capsys.readouterr().out
     assert open_store(str(upload)) == opened[1][0]  # the same zip again: its folder, nothing unzipped anew
+    # a folder an earlier dsnb unzipped carries no digest: a zip under its name is unzipped apart, not read as it
+    (workdir / "up" / "dsnb_mlflow" / ".dsnb_zip").unlink()
+    upload.write_bytes(pathlib.Path(zips[0][0]).read_bytes())
+    uri = open_store(str(upload))
+    assert uri != opened[0][0] and [r.run_id for r in find_runs(uri, "DeepSpeed_Comparison")] == [zips[0][1]]

@@ -561,7 +561,9 @@ def test_reports_read_each_run_from_its_own_store_count_it_once_and_refuse_nothi
     assert "held-out" in verdict([one, two])
     assert [r.info.run_id for r in load_runs([one, None, one, two])] == [one.run_id, two.run_id]
     assert compare_table([one, one, two]).loc["runs"].tolist()[:2] == ["1", "1"]
+    assert "Without_DeepSpeed" in best_for_budget([one], 0)  # 0: the whole GPU
     for call, message in ((lambda: verdict([]), "no runs to report on"), (lambda: plot_runs([None]), "no runs to"),
+                          (lambda: best_for_budget([one], float("nan")), "memory_budget_gb is nan"),
                           (lambda: quality_verdict([one]), "takes the one run quality_check returned"),
                           (lambda: best_for_budget([one], "15"), "memory_budget_gb is '15'"),
                           (lambda: answers([one], n="8"), "n is '8'")):
@@ -582,3 +584,8 @@ def test_notebook_03_on_a_folder_without_a_store_says_so_and_makes_none(tmp_path
     with pytest.raises(ConfigError, match="there is no store at"):
         compared_runs(RunConfig(**dict(OFFLINE, tracking_uri=f"sqlite:///{folder}/mlflow.db")))
     assert list(folder.iterdir()) == []
+    # a store whose experiment holds only a run still going: said so, not an empty list for the tables to refuse
+    cfg = RunConfig(**dict(OFFLINE, tracking_uri=f"sqlite:///{folder}/mlflow.db"))
+    create_run(cfg)
+    with pytest.raises(ConfigError, match="holds no finished or failed run; run a variant first"):
+        compared_runs(cfg)
