@@ -45,14 +45,14 @@ class Parser(argparse.ArgumentParser):
 
 class Last(argparse.Action):
     """A flag of the run's config (its fields, -f, --variant). Given twice with two values, the last counts, as in
-    argparse, and dsnb says so: a command line built from pieces (a script's base flags, then one changed) overrides
-    that way. Said redacted: a tracking_uri may carry a password."""
+    argparse, and dsnb says so on stdout (stderr holds an error alone): a command line built from pieces (a script's
+    base flags, then one changed) overrides that way. Said redacted: a tracking_uri may carry a password."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         before = getattr(namespace, self.dest, self.default)
         if before is not self.default and not same_value(before, values):
             print(redact(f"dsnb: note: {option_string} given twice ({before}, then {values}); the last counts: "
-                         f"{option_string} {values}"), file=sys.stderr)
+                         f"{option_string} {values}"))  # stdout, as dsnb's other notes: stderr holds errors alone
         setattr(namespace, self.dest, values)
 
 

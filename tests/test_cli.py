@@ -167,16 +167,16 @@ def test_a_flag_given_twice_says_which_value_counts(workdir, capsys):
     args = parser().parse_args(["check", "--offline", "--max_steps", "3", "--lora_r", "8", "--max_steps", "5",
                                 "--lora_r", "8", "--learning_rate", "1e-4", "--learning_rate", "0.0001"])
     assert build_config(args).max_steps == 5
-    err = capsys.readouterr().err.strip().splitlines()
+    out = capsys.readouterr().out.strip().splitlines()
     # --lora_r twice with one value, --learning_rate with one number spelled two ways: no note
-    assert err == ["dsnb: note: --max_steps given twice (3, then 5); the last counts: --max_steps 5"]
+    assert out == ["dsnb: note: --max_steps given twice (3, then 5); the last counts: --max_steps 5"]
     # the file and the variant too; a password in a tracking_uri is not printed
     args = parser().parse_args(["run", "-f", "a.yaml", "--variant", "x", "-f", "b.yaml", "--tracking_uri",
                                 "https://alice:s3cret@host/x", "--tracking_uri", "https://alice:n3w@host/x"])
     assert (args.file, args.variant) == ("b.yaml", "x")
-    err = capsys.readouterr().err
-    assert "-f given twice (a.yaml, then b.yaml); the last counts: -f b.yaml" in err and "--variant" not in err
-    assert "--tracking_uri given twice" in err and "s3cret" not in err and "n3w" not in err, err
+    out = capsys.readouterr().out
+    assert "-f given twice (a.yaml, then b.yaml); the last counts: -f b.yaml" in out and "--variant" not in out
+    assert "--tracking_uri given twice" in out and "s3cret" not in out and "n3w" not in out, out
 
 
 def test_an_unanswering_tracking_server_fails_in_seconds(here):

@@ -335,7 +335,9 @@ def test_a_password_with_an_at_sign_and_quotes_reaches_no_output_param_card_or_s
     assert saved.returncode == 0 and SECRET not in saved.stdout + saved.stderr, saved.stderr[-2000:]
     assert "| held-out questions" in (workdir / "saved" / "README.md").read_text()
     shown = dsnb("ui", "--tracking_uri", uri, cwd=workdir)
-    assert shown.returncode == 0 and "'http://***@127.0.0.1:" in shown.stdout and SECRET not in shown.stdout
+    # a server: checked that it answers (with the credentials), then named by its address, masked
+    assert shown.returncode == 0 and shown.stdout.startswith("http://***@127.0.0.1:") and SECRET not in shown.stdout
+    assert "the tracking server's own UI: open it in a browser" in shown.stdout
     client.download_artifacts(run.info.run_id, "", str(workdir / "downloaded"))
     assert searched_clean(workdir) > 10  # the saved folder, its card, the run's artifacts
 
