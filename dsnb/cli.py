@@ -30,7 +30,7 @@ from .preflight import check_output_folder, prepare
 from .publish import check_push, push_to_hub, save_model
 from .report import compare_table, format_table, run_summary, same_work, verdict
 from .sweep import run_sweep
-from .tracking import STOPPED, RunResult, existing_store, export_store, ui_command
+from .tracking import STOPPED, RunResult, existing_store, export_store, is_server, ui_command
 
 
 class Parser(argparse.ArgumentParser):
@@ -409,11 +409,11 @@ def cmd_export(args) -> int:
 
 def cmd_ui(args) -> int:
     uri = existing_store(args.tracking_uri)
-    if uri.startswith(("http://", "https://")):  # a server: its own UI, if it answers
+    if is_server(uri):  # a server: its own UI, if it answers
         preflight.check_server(uri)
-        print(ui_command(uri))
-        return 0
     print(ui_command(uri))
+    if is_server(uri):
+        return 0
     print("This binds to 127.0.0.1 only: the MLflow UI has no login. Reach it from elsewhere through an SSH tunnel.")
     return 0
 

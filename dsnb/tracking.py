@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -812,16 +811,12 @@ def download_store(tracking_uri: str, drive_folder: str = "") -> str:
     return dest
 
 
-ZIP_MARKER = ".dsnb_zip"  # in a folder open_store unzipped: the zip's digest
+ZIP_MARKER = ".dsnb_zip"  # in a folder open_store unzipped: the zip's digest (_digest)
 
 
-def zip_ident(path: str) -> str:
-    """A zip's content digest (SHA-1)."""
-    digest = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def is_server(uri: str) -> bool:
+    """An http(s) tracking server's URI: it serves MLflow's UI itself."""
+    return uri.startswith(("http://", "https://"))
 
 
 def zip_marker(folder: str) -> str:
@@ -840,7 +835,7 @@ def open_store(tracking_uri: str) -> str:
         return tracking_uri
     if not os.path.isfile(tracking_uri):
         raise ConfigError(f"{tracking_uri} does not exist; upload dsnb_mlflow.zip first (Colab: the Files pane)")
-    folder, ident = tracking_uri[:-4], zip_ident(tracking_uri)
+    folder, ident = tracking_uri[:-4], _digest(tracking_uri)  # cached while its size and time stay
     if os.path.isfile(os.path.join(folder, "mlflow.db")) and zip_marker(folder) != ident:  # another zip uploaded
         folder += f"-{ident[:8]}"  # under the same name (or one an earlier dsnb unzipped, unmarked): unzipped apart
         print(f"dsnb: {tracking_uri} is not the zip unzipped into {tracking_uri[:-4]} before; unzipping it into "
@@ -871,7 +866,7 @@ def show_ui(tracking_uri: str, port: int = 5000):
         from google.colab import output
     except ImportError:
         output = None
-    if output is None or uri.startswith(("http://", "https://")):  # elsewhere, or a server with its own UI
+    if output is None or is_server(uri):  # elsewhere, or a server with its own UI
         print(f"Open the runs side by side: {ui_command(uri, port=port)}")
         return None
     port = free_port(port)  # a UI already serving another store there (notebook 01's, say) would be framed instead
@@ -959,7 +954,7 @@ def start_ui(tracking_uri: str, port: int, wait_s: float = UI_WAIT_S):
 def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> str:
     """The command that opens the MLflow UI on this machine only (no auth: keep it off the network), for the store in
     use: shell-quoted, a relative SQLite path made absolute, credentials masked; for a tracking server, its address."""
-    if tracking_uri.startswith(("http://", "https://")):  # a tracking server serves the UI itself
+    if is_server(tracking_uri):
         return f"{redact(tracking_uri)} (the tracking server's own UI: open it in a browser)"
     db = sqlite_path(tracking_uri)
     uri = f"sqlite:///{os.path.abspath(db)}" if db is not None else redact(tracking_uri)
