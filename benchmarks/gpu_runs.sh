@@ -24,6 +24,8 @@
 #                                                    # rows24: 24 rows a micro-batch, chunked)
 #   OUT=out bash benchmarks/gpu_runs.sh matmuls      # the throughput mode's frozen-weight matmuls alone, separate and
 #                                                    # fused (q/k/v, gate/up), cuBLAS bf16 (benchmarks/matmul_shapes.py)
+#   OUT=out bash benchmarks/gpu_runs.sh flexblocks   # the throughput mode's attention alone: 128- against 64-token
+#                                                   # blocks, default against autotuned kernel configs
 #   OUT=out bash benchmarks/gpu_runs.sh fp8gemms     # the frozen matmuls of a throughput step alone, bf16 against
 #                                                    # fp8's forms (rowwise, tensorwise, fast accumulation)
 #   OUT=out bash benchmarks/gpu_runs.sh peers        # HF Trainer + compile, TRL + Liger and Unsloth on the bench's task
@@ -245,6 +247,14 @@ chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole log
 matmuls)  # the 3B layer's matmuls at the throughput mode's 12,288 tokens: the MFU ceiling of matmuls alone
   timeout 120 python3 benchmarks/matmul_shapes.py > "$OUT/matmul_shapes_h200.json"; echo "matmul_shapes exit $?"
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv >> "$OUT/matmul_shapes_smi.txt"
+  ;;
+flexblocks)  # the throughput mode's attention alone (benchmarks/flex_blocks.py): flex attention's forward and backward
+  # on the bench's filled rows, 128- against 64-token blocks, inductor's default configs against autotuned ones, each
+  # setting a fresh process from a cold compile cache of its own (~1-2 minutes in all)
+  for s in ${SETTINGS:-128 128auto 64 64auto}; do
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_flex_$s timeout "${LIMIT:-150}" python3 benchmarks/flex_blocks.py "$s" \
+      --out "$OUT/flex_blocks.jsonl" > "$OUT/flex_$s.log" 2>&1; echo "$s exit $?: $(tail -1 "$OUT/flex_$s.log")"
+  done
   ;;
 fp8gemms)  # a throughput step's frozen matmuls alone in bf16 and in each fp8 form (benchmarks/fp8_gemms.py; ~1 minute)
   python3 benchmarks/fp8_gemms.py --out "$OUT/fp8_gemms.jsonl" > "$OUT/fp8_gemms.txt" 2>&1
