@@ -18,6 +18,7 @@ import argparse
 import os
 import signal
 import sys
+import typing
 
 from . import preflight, tracking
 from .bench import BASELINE_NUMBERS, BENCH_FILE, bench_variants, markdown, regressions, run_bench
@@ -50,18 +51,22 @@ class Last(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         before = getattr(namespace, self.dest, self.default)
-        if before is not self.default and not same_value(before, values):
+        if before is not self.default and not same_value(before, values, self.dest in NUMBERS):
             print(redact(f"dsnb: note: {option_string} given twice ({before}, then {values}); the last counts: "
                          f"{option_string} {values}"))  # stdout, as dsnb's other notes: stderr holds errors alone
         setattr(namespace, self.dest, values)
 
 
-def same_value(a: str, b: str) -> bool:
-    """Two spellings of one flag's value: the same text, or the same number (1e-4 and 0.0001)."""
+def same_value(a: str, b: str, number: bool) -> bool:
+    """Two spellings of one flag's value: the same text, or for a number field the same number (1e-4 and 0.0001)."""
     try:
-        return a == b or float(a) == float(b)
+        return a == b or (number and float(a) == float(b))
     except ValueError:
         return False
+
+
+NUMBERS = {name for name, kind in typing.get_type_hints(RunConfig).items() if kind in (int, float, int | None,
+                                                                                      float | None)}
 
 
 def config_parser() -> argparse.ArgumentParser:

@@ -177,6 +177,9 @@ def test_a_flag_given_twice_says_which_value_counts(workdir, capsys):
     out = capsys.readouterr().out
     assert "-f given twice (a.yaml, then b.yaml); the last counts: -f b.yaml" in out and "--variant" not in out
     assert "--tracking_uri given twice" in out and "s3cret" not in out and "n3w" not in out, out
+    # a text field's two spellings of one number are two values: run names 1e-4 and 0.0001 name two runs
+    parser().parse_args(["run", "--run_name", "1e-4", "--run_name", "0.0001"])
+    assert "--run_name given twice (1e-4, then 0.0001)" in capsys.readouterr().out
 
 
 def test_an_unanswering_tracking_server_fails_in_seconds(here):
