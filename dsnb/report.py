@@ -673,7 +673,7 @@ def savings_table(runs: list[RunResult], baseline: str | None = None):
         raise ConfigError(f"baseline {base!r} is none of the runs' names: {', '.join(names)}")
     on_gpu = any(summary(g, "peak_gpu_allocated_mb") for g in groups.values())
     memory = "peak_gpu_allocated_mb" if on_gpu else "peak_cpu_rss_mb"
-    saved = "gpu_memory_saved" if on_gpu else "host_rss_saved (no GPU)"
+    saved = "gpu_memory_saved_share" if on_gpu else "host_rss_saved_share (no GPU)"
     rows = []
     for name, group in groups.items():
         peak, base_peak = summary(group, memory), summary(groups[base], memory)

@@ -360,7 +360,7 @@ def test_a_store_read_back_keeps_every_repeat_of_the_newest_comparison(workdir):
     assert list(table["runs"]) == [3, 3] and table.loc["With_DeepSpeed", "samples_per_second"] == 7.0
     assert abs(table.loc["With_DeepSpeed", "speed_ratio"] - 7.0 / 11.0) < 1e-9
     assert table.loc["With_DeepSpeed", "speed_vs_spread"] == "within the spread (p = 0.70)"  # 3 vs 3 ranks, exact
-    assert abs(table.loc["With_DeepSpeed", "gpu_memory_saved"] - 1 / 3) < 1e-9
+    assert abs(table.loc["With_DeepSpeed", "gpu_memory_saved_share"] - 1 / 3) < 1e-9
     pick = best_for_budget(runs, 15)
     assert pick.startswith("Fastest within 15 GB: Without_DeepSpeed (11 samples/s, median of 3 runs, peak 9.3 GB).")
     assert "With_DeepSpeed is not told apart from it: within the spread (p = 0.70)." in pick, pick
