@@ -640,6 +640,9 @@ class StrictLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             merge = key_node.tag == "tag:yaml.org,2002:merge"  # folded in by SafeLoader's own call below
             key = "<<" if merge else self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):  # `? [a, b]`: YAML's own error for it, where the key is
+                raise yaml.constructor.ConstructorError(None, None, f"a key is {type(key).__name__} {key!r}; a "
+                                                        "run-config key is a field's name", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
             seen.add(key)

@@ -316,8 +316,10 @@ def decoded_cell(cell: str, place: str):
     try:
         return json.loads(cell)
     except json.JSONDecodeError:
-        if re.match(r"\s*\{\s*'(text|answer_start)'\s*:", cell):
-            raise ConfigError(f"{place}: answers is {cell[:60]!r}..., Python's printout of a mapping (pandas' to_csv "
+        kind = ("a mapping" if re.match(r"\s*\{\s*'(text|answer_start)'\s*:", cell) else
+                "a list" if re.match(r"\s*\[\s*('|\{\s*')", cell) else None)
+        if kind:
+            raise ConfigError(f"{place}: answers is {cell[:60]!r}..., Python's printout of {kind} (pandas' to_csv "
                               "of a datasets column writes it so), not JSON; write the answers with json.dumps, or "
                               "save the table as JSONL or Parquet") from None
         return [cell]
@@ -327,7 +329,7 @@ def parse_answers(answers, place: str) -> dict:
     """SQuAD's answers, {"text": [str, ...], "answer_start": [int, ...]} (-1 where a start is not given), from each
     shape with one meaning: SQuAD's flat mapping, the official nested list of {"text", "answer_start"}, a list of
     texts, a plain answer, or a JSON cell holding one of these."""
-    if isinstance(answers, str) and answers.lstrip().startswith("{"):
+    if isinstance(answers, str) and answers.lstrip().startswith(("{", "[")):  # a JSON cell: a mapping or a list
         answers = decoded_cell(answers, place)
     starts = []
     if isinstance(answers, dict):

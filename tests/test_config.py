@@ -205,7 +205,9 @@ def test_yaml_merge_keys_share_fields_in_every_kind_of_file_and_a_key_given_twic
                                                                             ("z2cpu", "zero2", "cpu")]
     for text, twice in (("a: &a {x: 1}\nb: {<<: *a, max_steps: 1, max_steps: 2}\n", "'max_steps' is given twice"),
                         ("a: &a {x: 1}\nb: {<<: *a, <<: *a}\n", "'<<' is given twice"),
-                        ("base: {dtype: fp32, dtype: bf16}\nvariants: {a: {}}\n", "'dtype' is given twice")):
+                        ("base: {dtype: fp32, dtype: bf16}\nvariants: {a: {}}\n", "'dtype' is given twice"),
+                        ("? [a, b]\n: 1\n", "a key is list \\['a', 'b'\\]; a run-config key is a field's name"),
+                        ("{quantization: none}: 1\n", "a key is dict")):
         variants.write_text(text)
         with pytest.raises(ConfigError, match=twice):
             read_variants(str(variants))

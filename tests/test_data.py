@@ -687,6 +687,14 @@ def test_answers_in_a_shape_that_would_train_the_no_answer_marker_are_refused_an
     with pytest.raises(ConfigError, match="Python's printout of a mapping .* not JSON; write the answers with "
                                           "json.dumps"):
         load_records(RunConfig(**dict(OFFLINE, dataset=str(tmp_path / "p.csv"), num_samples=16)))
+    # a list of answers as a cell: JSON is read as the list, Python's printout of one refused (not trained as text)
+    frame.assign(answers=[json.dumps(r["answers"]["text"], ensure_ascii=False) for r in rows]).to_csv(
+        tmp_path / "list.csv", index=False)
+    loaded = load_records(RunConfig(**dict(OFFLINE, dataset=str(tmp_path / "list.csv"), num_samples=16)))
+    assert [r["answers"]["text"] for r in loaded] == [r["answers"]["text"] for r in rows[:len(loaded)]] and loaded
+    frame.assign(answers=[repr(r["answers"]["text"]) for r in rows]).to_csv(tmp_path / "plist.csv", index=False)
+    with pytest.raises(ConfigError, match="Python's printout of a list .* not JSON"):
+        load_records(RunConfig(**dict(OFFLINE, dataset=str(tmp_path / "plist.csv"), num_samples=16)))
     cfg = RunConfig(**dict(OFFLINE, num_samples=200, eval_samples=0))
     unanswerable = sum(not r["answers"]["text"] for r in load_records(cfg))
     p = plan(cfg)
