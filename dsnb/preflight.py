@@ -61,6 +61,11 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
+def run_world(cfg: RunConfig) -> int:
+    """The processes cfg's run trains in: a launcher's WORLD_SIZE, else the num_gpus dsnb starts its launcher with."""
+    return world_size() if "WORLD_SIZE" in os.environ else cfg.num_gpus
+
+
 def is_rank0() -> bool:
     return int(os.environ.get("RANK", 0)) == 0
 
@@ -90,7 +95,7 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
     wait_for_orphans(None if device.startswith("cuda") else cfg.tracking_uri)
     check_device(cfg, device)
     check_store(cfg.tracking_uri)
-    world = world_size() if "WORLD_SIZE" in os.environ else cfg.num_gpus
+    world = run_world(cfg)
     if cfg.samples_per_step(world) > cfg.num_samples:  # filled: rows, each of a sample or more (plan() counts them)
         unit = "rows" if cfg.padding == "filled" else "samples"
         raise ConfigError(f"num_samples is {cfg.num_samples} but one step takes batch_size x grad_accum x "
@@ -936,7 +941,7 @@ def check_nvme_space(path: str, needed_mb: float) -> None:
 def check_deepcompile(cfg: RunConfig, device: str) -> None:
     """DeepCompile, where asked for: not with parameter offload (it failed so on the H200), on a GPU only, and with a
     TORCH_CUDA_ARCH_LIST DeepSpeed can build its op for."""
-    own = read_ds_config(cfg, world_size()) if cfg.ds_config_path else {}
+    own = read_ds_config(cfg, run_world(cfg)) if cfg.ds_config_path else {}
     if cfg.zero_stage is None or not deepcompile_asked(cfg, own):
         return
     if cfg.offload_param != "none":  # measured: benchmarks/results/deepcompile_h200.md

@@ -131,6 +131,7 @@ def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
         raise ConfigError(f"ds_config {path} must hold a JSON object of DeepSpeed settings, not a "
                           f"{type(config).__name__}")
     check_batch_sizes(config, cfg, world_size)
+    check_trainer_values(config, cfg)
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
         config.setdefault(key, "auto")  # DeepSpeed needs a batch size; "auto" is the run's, as a key left out means
     check_precision(config, cfg)
@@ -149,6 +150,43 @@ def read_ds_config(cfg: RunConfig, world_size: int = 1) -> dict:
                           f"set the stage to {cfg.zero_stage} or \"auto\", or change strategy")
     check_offload(zero, cfg)
     return config
+
+
+def check_trainer_values(config: dict, cfg: RunConfig) -> None:
+    """A user's optimizer, scheduler and clipping values that are not "auto" equal the Trainer's, which transformers
+    checks only as the run starts (a traceback, minutes in): the learning rate and warm-up from the run's fields, the
+    rest from TrainingArguments' defaults (dsnb sets no other)."""
+    def node(path: str):
+        part = config
+        for key in path.split("."):
+            part = part.get(key) if isinstance(part, dict) else None
+        return part
+
+    fields = {"optimizer.params.lr": ("learning_rate", cfg.learning_rate),
+              "scheduler.params.warmup_max_lr": ("learning_rate", cfg.learning_rate),
+              "scheduler.params.warmup_num_steps": ("lr_warmup_steps", max(1, cfg.lr_warmup_steps)),
+              "scheduler.params.total_num_steps": ("max_steps", cfg.max_steps or None)}  # else counted from the data
+    fixed = {"gradient_clipping": "max_grad_norm", "optimizer.params.betas": ("adam_beta1", "adam_beta2"),
+             "optimizer.params.eps": "adam_epsilon", "optimizer.params.weight_decay": "weight_decay"}
+    for path in [*fields, *fixed]:
+        given = node(path)
+        if given is None or given == "auto" or (path in fields and fields[path][1] is None):
+            continue
+        if path in fields:
+            name, want = fields[path]
+            to = f"the run's {name} is {want!r}"
+        else:
+            import dataclasses
+
+            from transformers import TrainingArguments
+
+            default = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+            want = [default[n] for n in fixed[path]] if isinstance(fixed[path], tuple) else default[fixed[path]]
+            to = f"the Trainer's is {want!r} (dsnb sets no other)"
+        if given != want:
+            raise ConfigError(f"ds_config {cfg.ds_config_path}: {path} is {given!r} but {to}; the Trainer refuses a "
+                              f"DeepSpeed value that differs from its own: set it to \"auto\" or {want!r}"
+                              + (f", or set {fields[path][0]} {given}" if path in fields else ""))
 
 
 def check_offload(zero: dict, cfg: RunConfig) -> None:

@@ -83,6 +83,41 @@ def test_batch_size_mismatch_in_a_user_config():
         check_batch_sizes({"train_batch_size": 8}, cfg, world_size=2)
 
 
+def test_a_user_config_is_checked_for_the_processes_dsnb_starts_and_against_the_trainers_values(tmp_path, monkeypatch):
+    """Before dsnb starts its launcher for num_gpus processes, a fixed train_batch_size is checked for all of them
+    (16 for 2 x 8, not 1 x 8); an optimizer, scheduler or clipping value that differs from the Trainer's is refused in
+    the check, before the run, where transformers would refuse it minutes in with a traceback."""
+    from dsnb.preflight import check_deepcompile
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    path = tmp_path / "ds.json"
+    cfg = RunConfig(**dict(OFFLINE, strategy="zero2", num_gpus=2, ds_config_path=str(path)))
+    path.write_text(json.dumps({"train_batch_size": 16, "zero_optimization": {"stage": 2}}))
+    check_deepcompile(cfg, "cpu")
+    path.write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 2}}))
+    with pytest.raises(ConfigError, match="train_batch_size is 8 .* on 2 device\\(s\\) give 16"):
+        check_deepcompile(cfg, "cpu")
+    cfg = cfg.replace(num_gpus=1, max_steps=6)
+    fine = {"gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 2e-4, "betas": [0.9, 0.999],
+            "eps": 1e-8, "weight_decay": "auto"}}, "scheduler": {"type": "WarmupDecayLR", "params": {
+            "warmup_max_lr": "auto", "warmup_num_steps": 1, "total_num_steps": 6}}}
+    for change, said in ((("optimizer", "lr", 0.5), "optimizer.params.lr is 0.5 but the run's learning_rate is "
+                                                    "0.0002; .* \"auto\" or 0.0002, or set learning_rate 0.5"),
+                         (("optimizer", "betas", [0.9, 0.95]), "betas is \\[0.9, 0.95\\] but the Trainer's is "
+                                                               "\\[0.9, 0.999\\]"),
+                         (("scheduler", "total_num_steps", 10), "total_num_steps is 10 but the run's max_steps is 6"),
+                         (("scheduler", "warmup_num_steps", 5), "warmup_num_steps is 5 but the run's lr_warmup_steps"),
+                         ((None, "gradient_clipping", 0.5), "gradient_clipping is 0.5 but the Trainer's is 1.0")):
+        section, key, value = change
+        doc = json.loads(json.dumps(fine))
+        (doc[section]["params"] if section else doc)[key] = value
+        path.write_text(json.dumps({**doc, "zero_optimization": {"stage": 2}}))
+        with pytest.raises(ConfigError, match=said):
+            check_deepcompile(cfg, "cpu")
+    path.write_text(json.dumps({**fine, "zero_optimization": {"stage": 2}}))
+    check_deepcompile(cfg, "cpu")
+
+
 def test_nvme_parameter_buffers_hold_the_largest_weight():
     from dsnb.estimate import largest_weight
     from dsnb.model import model_config
