@@ -387,7 +387,7 @@ def stored_bytes(config) -> int:
 
 def trainable_params(cfg: RunConfig, config) -> int:
     """Trainable parameters from the config alone: every weight for full fine-tuning, r x (in + out) for each
-    matrix a LoRA adapter is put on (Llama-like projections)."""
+    matrix a LoRA adapter is put on (Llama-like projections, and the LM head or input embedding where named)."""
     h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
@@ -399,7 +399,9 @@ def trainable_params(cfg: RunConfig, config) -> int:
         embeddings = config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
         return layers * (sum(i * o for i, o in shapes.values()) + 2 * h) + embeddings + h
     targets = shapes if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
-    return layers * cfg.lora_r * sum(sum(shapes[t]) for t in targets if t in shapes)
+    once = {"lm_head": (h, config.vocab_size), "embed_tokens": (config.vocab_size, h)}  # one of each in the model
+    return cfg.lora_r * (layers * sum(sum(shapes[t]) for t in targets if t in shapes)
+                         + sum(sum(once[t]) for t in targets if t in once))
 
 
 def largest_weight(config) -> int:

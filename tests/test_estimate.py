@@ -293,3 +293,15 @@ def test_the_cpu_host_error_the_plan_prints_is_the_committed_measurement():
     assert CPU_HOST_ERROR == (int(runs), round(float(median) / 100, 3), round(float(largest) / 100, 3))
     errors = [abs(float(e)) / 100 for e in re.findall(r"\| ([+-][\d.]+)% \|", text)]
     assert len(errors) == int(runs) and max(errors) <= 0.3, errors  # ZeRO-3 with parameters offloaded: 30% over
+
+
+@pytest.mark.parametrize("targets", ["q_proj,v_proj", "lm_head", "embed_tokens,q_proj", "all-linear"])
+def test_the_trainable_count_from_the_config_is_the_models_own(targets):
+    """The plan's trainable weights (which its memory estimates use) are what peft makes trainable, the LM head and
+    input embedding included where lora_targets names them (lm_head was counted as no weight at all)."""
+    from dsnb.model import load_model, model_config
+
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", dtype="fp32", lora_targets=targets))
+    model, _ = load_model(cfg, "cpu")
+    assert trainable_params(cfg, model_config(cfg.model)) == sum(p.numel() for p in model.parameters()
+                                                                   if p.requires_grad)
