@@ -22,6 +22,12 @@ import logging
 for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops", "kernels._internals.hf_hub"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
+import os  # noqa: E402
+
+if os.environ.get("DSNB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):  # config.stay_off_the_hub, before any
+    for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # huggingface_hub import reads them
+        os.environ.setdefault(_name, "1")
+
 from .advise import advise  # noqa: E402  eagerly (neither imports anything heavy): the module of the same name would
 from .compare import compare  # noqa: E402  shadow the function once any code imported it
 

@@ -25,7 +25,7 @@ from .bench import BASELINE_NUMBERS, BENCH_FILE, bench_variants, markdown, regre
 from .capacity import md_table, run_capacity
 from .compare import compare
 from .config import (OFFLINE, OFFLINE_ENV, RENAMED, ConfigError, RunConfig, check_names, describe, field_docs,
-                     field_names, offline_requested, read_json_file, read_variant, redact)
+                     field_names, offline_requested, read_json_file, read_variant, redact, stay_off_the_hub)
 from .launch import _interrupted, run_variant, watch_parent
 from .preflight import check_output_folder, prepare
 from .publish import check_push, push_to_hub, save_model
@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = negative_values(sys.argv[1:] if argv is None else argv)
     try:
         args = parser().parse_args(argv)
+        if getattr(args, "offline", False):
+            stay_off_the_hub()
         with tracking.interrupts_after_writes():  # Ctrl-C or SIGTERM mid-write would leave the store locked
             return COMMANDS[args.command](args)
     except ConfigError as e:

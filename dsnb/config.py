@@ -785,6 +785,28 @@ def field_docs() -> dict[str, str]:
     return docs
 
 
+HUB_OFF = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # set by dsnb offline (unless the user set them)
+
+
+def stay_off_the_hub() -> None:
+    """Offline (--offline or DSNB_OFFLINE=1), the hub is not tried: a model or dataset in the hub's cache still loads,
+    and anything else fails at once, where huggingface_hub would retry a host it cannot reach for half a minute."""
+    import sys
+
+    for name in HUB_OFF:
+        os.environ.setdefault(name, "1")
+    off = os.environ[HUB_OFF[0]].strip().lower() in ("1", "true", "yes")
+    for module in ("huggingface_hub.constants", "datasets.config"):  # read at their import: one made before this
+        if module in sys.modules:
+            sys.modules[module].HF_HUB_OFFLINE = off
+
+
+def hub_offline_note() -> str:
+    """Said beside a hub failure while dsnb keeps off the hub (stay_off_the_hub)."""
+    return " (offline: dsnb reads only the hub's cache)" if os.environ.get(HUB_OFF[0], "").strip().lower() in (
+        "1", "true", "yes") else ""
+
+
 def offline_requested() -> bool:
     """DSNB_OFFLINE as a switch: 1/true/yes or 0/false/no (or unset); any other value is an error, not a default."""
     value = os.environ.get(OFFLINE_ENV, "").strip().lower()

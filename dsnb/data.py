@@ -21,7 +21,7 @@ import os
 import random
 import re
 
-from .config import ConfigError, RunConfig, describe, unique_keys
+from .config import ConfigError, RunConfig, describe, hub_offline_note, unique_keys
 
 PROMPT = "질문: {question}\n답변: {answer}"  # the tutorial's closed-book text
 PASSAGE = "본문: {context}\n질문: {question}\n답변: {answer}"  # reading comprehension: SQuAD's task
@@ -127,7 +127,8 @@ def hub_rows(name: str, n: int | None, split: str = "train") -> list[dict]:
     try:
         rows = datasets.load_dataset(hub_id, split=split if n is None else f"{split}[:{n}]", revision=revision)
     except Exception as e:  # offline, blocked or renamed: all end the same way for the user
-        raise ConfigError(f"dataset {name!r} ({hub_id}) could not be loaded from the hub ({describe(e)}); use "
+        raise ConfigError(f"dataset {name!r} ({hub_id}) could not be loaded from the hub ({describe(e)})"
+                          f"{hub_offline_note()}; use "
                           "dataset=synthetic, or a local file (the official SQuAD-format JSON works as it is)") \
             from None
     return [dict(r) for r in rows]

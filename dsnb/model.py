@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 
-from .config import ConfigError, RunConfig, describe
+from .config import ConfigError, RunConfig, describe, hub_offline_note
 from .data import format_prompt, synthetic_squad
 
 # Llama shapes: hidden, layers, heads, kv heads, MLP width, vocab, tied embeddings.
@@ -70,6 +70,15 @@ def resolve_model(name: str) -> str:
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
         raise ConfigError(f"model directory {name!r} does not exist; give a local folder, a hub id or synthetic:tiny")
     return name
+
+
+def not_loaded(name: str, error: Exception) -> str:
+    """Why a hub id or folder did not load, and what to give instead; offline (config.stay_off_the_hub) a hub id the
+    hub's cache lacks is said so, not as a connection that failed."""
+    note = hub_offline_note()
+    why = (f"is not in the hub's cache{note}" if note and isinstance(error, OSError) and not os.path.isdir(name)
+           else f"could not be loaded ({describe(error)})")
+    return f"model {name!r} {why}; give an existing hub id, {ELSEWHERE}"
 
 
 def fetch(name: str, say) -> None:
@@ -137,8 +146,7 @@ def model_config(name: str):
     try:
         config = AutoConfig.from_pretrained(resolve_model(name), trust_remote_code=False)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model {name!r} could not be loaded ({describe(e)}); "
-                          f"give an existing hub id, {ELSEWHERE}") from None
+        raise ConfigError(not_loaded(name, e)) from None
     return config.get_text_config()
 
 
@@ -239,8 +247,7 @@ def load_tokenizer(cfg: RunConfig):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
-        raise ConfigError(f"model {cfg.model!r} could not be loaded ({describe(e)}); "
-                          f"give an existing hub id, {ELSEWHERE}") from None
+        raise ConfigError(not_loaded(cfg.model, e)) from None
     except (ValueError, ImportError):  # a local folder holding weights but no tokenizer files
         if os.path.isdir(path) and not any(n.startswith("tokenizer") for n in os.listdir(path)):
             raise ConfigError(f"model folder {cfg.model!r} has no tokenizer (no tokenizer.json or "

@@ -83,7 +83,8 @@ def test_offline_compare_end_to_end(workdir):
     (["--strategy", "zero3", "--quantization", "none", "--offload_param", "nvme", "--nvme_path", "/proc"],
      "nvme_path '/proc' is not writable"),
     (["--dataset", "missing.jsonl"], "dataset file 'missing.jsonl' does not exist"),
-    (["--model", "some-org/no-such-model"], "model 'some-org/no-such-model' could not be loaded"),
+    (["--model", "some-org/no-such-model"], "model 'some-org/no-such-model' is not in the hub's cache (offline: "
+     "dsnb reads only the hub's cache); give an existing hub id"),  # at once: no retries of a host it cannot reach
     (["--memory_budget_gb", "15"], "memory_budget_gb caps GPU memory and this machine has no GPU"),
     (["--strategy", "zero2", "--ds_config_path", "missing.json"], "ds_config 'missing.json' does not exist"),
     (["--model", "synthetic:huge"], "synthetic shapes are"),

@@ -174,8 +174,9 @@ def rehearse(tmp_path, fresh: bool, kills: tuple = ()) -> dict:
     import torch
 
     assert where[0].startswith(str(venv)) and where[1] == torch.__version__  # installed from the source; torch kept
-    pair = sorted(name_status for name_status in passes[-1].values() if name_status[0] != "quality")
-    assert pair == [("With_DeepSpeed", "FINISHED"), ("Without_DeepSpeed", "FINISHED")], passes[-1]
+    pair = sorted(name for name, status in passes[-1].values() if name != "quality" and status == "FINISHED")
+    assert pair == ["With_DeepSpeed", "Without_DeepSpeed"], passes[-1]  # an attempt killed before a checkpoint: KILLED
+    assert {status for _, status in passes[-1].values()} <= {"FINISHED", "KILLED"}, passes[-1]  # none left RUNNING
     assert list(drive.glob("dsnb_mlflow*.zip")) and list(drive.glob("models/adapter-*/adapter_config.json"))
     saved = ("adapter-", "merged-", "model-", "dsnb_mlflow")
     assert not [p.name for p in work.iterdir() if p.name.startswith(saved)]  # Drive's
@@ -204,6 +205,7 @@ def test_colab_rehearsal_survives_a_killed_kernel_and_leaves_colabs_packages_alo
     facts = rehearse(tmp_path, fresh=False, kills=("variant", "quality", "save"))
     assert set(facts["added"]) <= {"dsnb"} and facts["changed"] == [], facts  # dsnb lands in the venv (checked)
     after_variant, after_quality, after_save, last = facts["passes"]
+    assert sorted(n for n, _ in last.values() if n != "quality") == ["With_DeepSpeed", "Without_DeepSpeed"], last
     target = next(i for i, (name, _) in after_variant.items() if name == "With_DeepSpeed")
     assert after_variant[target][1] == "RUNNING"  # its process died with the kernel (marked KILLED when next read)
     client = mlflow.MlflowClient(f"sqlite:///{facts['store']}")
@@ -233,7 +235,9 @@ def test_notebook_01_killed_at_moments_across_its_run_ends_as_an_uninterrupted_r
     the comparison, the quality check, the save), each pass in a new runtime with only Drive kept: nothing that
     finished ran again (each run FINISHED stays so, under its id, and no name finishes twice), and the last Run all
     ends with what one uninterrupted Run all records: one comparison of the pair, each variant's loss at every step
-    once and the same as the uninterrupted run's, one finished quality check and the two saved models."""
+    once and the same as the uninterrupted run's, one finished quality check and the two saved models. An attempt
+    killed before its first checkpoint stays in the store as KILLED (its variant trained again from the start); the
+    table, verdict and model card read the finished runs alone."""
     whole = rehearse(tmp_path / "whole", fresh=False)
     facts = rehearse(tmp_path / "killed", fresh=False, kills=tuple(whole["seconds"] * i / 10 for i in range(1, 10)))
     finished = {}
