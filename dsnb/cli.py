@@ -173,11 +173,20 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("prepare", help="once after installing (colab_setup.sh runs it): report the GPU, build "
                    "DeepSpeed's CPU Adam")
     export = sub.add_parser("export", help="zip the MLflow store for download")
-    export.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
     export.add_argument("-o", "--output", default="dsnb_mlflow.zip")
     ui = sub.add_parser("ui", help="print the command that opens the MLflow UI on 127.0.0.1")
-    ui.add_argument("--tracking_uri", default=RunConfig.tracking_uri)
+    for command in (export, ui):  # the store a run wrote: its tracking_uri, or the results_folder holding it
+        where = command.add_mutually_exclusive_group()
+        where.add_argument("--tracking_uri", default=None, help=f"the store (default {RunConfig.tracking_uri})")
+        where.add_argument("--results_folder", default=None, help="the results_folder whose mlflow.db to open")
     return top
+
+
+def store_of(args) -> str:
+    """The store export and ui open: --tracking_uri, or the one a run with --results_folder writes."""
+    if args.results_folder:
+        return RunConfig.layered({"results_folder": args.results_folder}).tracking_uri
+    return args.tracking_uri or RunConfig.tracking_uri
 
 
 def count(low: int):
@@ -218,6 +227,8 @@ def _terminated(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the command line (not a test calling in): SIGTERM ends like Ctrl-C, the variant recorded KILLED
         signal.signal(signal.SIGTERM, _terminated)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a script's background job (`dsnb compare &`) starts
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # so: kill -INT still stops it, as Ctrl-C does
     argv = negative_values(sys.argv[1:] if argv is None else argv)
     try:
         args = parser().parse_args(argv)
@@ -232,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if STOPPED:
             print(f"dsnb: interrupted; the running variant was stopped and its run {', '.join(STOPPED)} recorded "
-                  "KILLED with what it measured", file=sys.stderr)
+                  "KILLED, with what it had measured by then", file=sys.stderr)
         else:
             print("dsnb: interrupted before any variant started training; no run was recorded", file=sys.stderr)
         return 130
@@ -408,14 +419,14 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_export(args) -> int:
-    path = export_store(args.tracking_uri, args.output)
+    path = export_store(store_of(args), args.output)
     print(f"wrote {path}; unzip it and run `mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1` in "
           "that folder")
     return 0
 
 
 def cmd_ui(args) -> int:
-    uri = existing_store(args.tracking_uri)
+    uri = existing_store(store_of(args))
     if is_server(uri):  # a server: its own UI, if it answers
         preflight.check_server(uri)
     print(ui_command(uri))

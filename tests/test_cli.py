@@ -361,3 +361,48 @@ def test_a_run_on_two_processes_started_by_dsnb_prints_its_summary(workdir):
     run = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db").get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.params["num_gpus"] == "2"
     assert f"{'samples_per_second':>28}: " in done.stdout  # --verbose: every metric
+
+
+def test_ui_and_export_open_the_store_of_a_results_folder(workdir, here):
+    """The folder a compare wrote (--results_folder) opens as it was given to the run; with --tracking_uri too, one
+    line says to give one."""
+    from dsnb.config import RunConfig
+    from dsnb.tracking import create_run
+
+    folder = workdir / "results"
+    create_run(RunConfig.layered({"results_folder": str(folder)}, offline=True))
+    shown = here("ui", "--results_folder", str(folder))
+    assert shown.returncode == 0 and f"--backend-store-uri sqlite:///{folder}/mlflow.db " in shown.stdout
+    done = here("export", "--results_folder", str(folder), "-o", "r.zip")
+    assert done.returncode == 0 and "mlflow.db" in zipfile.ZipFile(workdir / "r.zip").namelist()
+    both = here("ui", "--results_folder", str(folder), "--tracking_uri", "sqlite:///x.db")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_a_run_started_with_sigint_ignored_still_stops_on_sigint(workdir):
+    """A script's background job (`dsnb run ... &`) starts with SIGINT ignored; kill -INT stops it as Ctrl-C does:
+    exit 130, the run recorded KILLED."""
+    import signal
+    import time
+
+    child = subprocess.Popen([sys.executable, "-m", "dsnb", "run", "--offline", "--max_steps", "400",
+                              "--save_model", "false", "--run_name", "bg"], cwd=workdir, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    store = workdir / "mlflow.db"
+    deadline = time.time() + 300
+    while time.time() < deadline and child.poll() is None:
+        time.sleep(1)
+        if store.exists() and any(r.info.run_name == "bg" and mlflow.MlflowClient(f"sqlite:///{store}")
+                                  .get_metric_history(r.info.run_id, "loss") for r in runs_in(store)):
+            break
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err[-2000:]
+    [run] = [r for r in runs_in(store) if r.info.run_name == "bg"]
+    assert run.info.status == "KILLED" and "with what it had measured by then" in err
+
+
+def runs_in(store):
+    client = mlflow.MlflowClient(f"sqlite:///{store}")
+    return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
