@@ -68,7 +68,8 @@ def main() -> None:
     dtype = torch.bfloat16
 
     def tensor(h):
-        return torch.randn(batch, h, length, width, device=device, dtype=dtype, generator=g).requires_grad_(device != "cpu")
+        made = torch.randn(batch, h, length, width, device=device, dtype=dtype, generator=g)
+        return made.requires_grad_(device != "cpu")  # flex has no backward on the CPU
 
     q, k, v = tensor(heads), tensor(kv_heads), tensor(kv_heads)
     grad = torch.randn(batch, heads, length, width, device=device, dtype=dtype, generator=g)

@@ -728,26 +728,42 @@ def check_host_ram(cfg: RunConfig, world: int, device: str, estimate: dict | Non
     config = model_config(cfg.model)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     trainable = trainable_params(cfg, config)
-    need = host_ram_mb(cfg, config, trainable, world, mapped=False) * local / 1024
-    resident = host_ram_mb(cfg, config, trainable, world) * local / 1024
-    if device == "cpu":
+    on_gpu, early = device != "cpu", estimate is None  # early: before the data is read (preflight.check)
+    need = host_ram_mb(cfg, config, trainable, world, mapped=False, on_gpu=on_gpu) * local / 1024
+    resident = host_ram_mb(cfg, config, trainable, world, on_gpu=on_gpu) * local / 1024
+    if not on_gpu:
         estimate = estimate or estimate_memory(cfg, config, trainable, 0, world, on_gpu=False)
         state = estimate["est_peak_gpu_mb"] * local / 1024
         need, resident = need + state, resident + state
     have = cfg.ram_budget_gb or psutil.virtual_memory().available / 2**30
     where = f"ram_budget_gb is {cfg.ram_budget_gb:g}" if cfg.ram_budget_gb else f"this machine has {have:.1f} GB free"
     if need > have:
-        held = (" (without a GPU it holds the weights, gradients, optimizer and activations)" if device == "cpu" else
+        held = (" (without a GPU it holds the weights, gradients, optimizer and activations)" if not on_gpu else
                 " (the offloaded optimizer states and weights live there)" if cfg.offload_optimizer != "none" or
                 cfg.offload_param != "none" else "")
-        message = (f"this run needs about {need:.1f} GB of host RAM{held} but {where}; use a smaller model, "
-                   "shorter max_length or batch, offload less, or set host_ram_check warn to try anyway")
+        mapped = (f"; {resident:.1f} GB resident while the weights file is read, whose pages the kernel can drop"
+                  if resident - need >= 0.1 else "")  # the plan's figure
+        message = f"this run needs about {need:.1f} GB of host RAM{held} but {where}{mapped}"
+        if cfg.host_ram_check != "refuse" and early:  # the plan warns, with the data's activations
+            return
         if cfg.host_ram_check == "refuse":
-            raise ConfigError(message)
-        print(f"dsnb: warning: {message}")
-    elif resident > have:
-        print(f"dsnb: note: reading the weights file takes the resident memory to about {resident:.1f} GB while "
-              f"{where}; its memory-mapped pages can be dropped by the kernel, so this should load")
+            raise ConfigError(f"{message}; use a smaller model, shorter max_length or batch, offload less, or set "
+                              "host_ram_check warn to try anyway")
+        say_once(f"dsnb: warning: {message}; trying anyway (host_ram_check warn)")
+    elif resident > have and not early:
+        say_once(f"dsnb: note: reading the weights file takes the resident memory to about {resident:.1f} GB while "
+                 f"{where}; its memory-mapped pages can be dropped by the kernel, so this should load")
+
+
+_SAID: set[str] = set()
+
+
+def say_once(line: str) -> None:
+    """A warning or note the check and then the plan would each print (the plan checks again with the data's
+    activations): printed once a process."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line)
 
 
 def check_nvme_folder(path: str) -> None:

@@ -262,7 +262,8 @@ Colab runtime, upload the `dsnb_mlflow.zip` that notebook 01 downloaded (the Fil
                           "busy machine, runs on the CPU, a random synthetic model)."),
         new_code_cell("print(dsnb.verdict(runs))"),
         new_markdown_cell("## Memory saved and speed lost against the baseline\nMedians of each variant's repeats; "
-                          "the memory saved (`..._saved_share`) is a share of the baseline's peak (0.25: a quarter less; below 0: more), "
+                          "the memory saved (`..._saved_share`) is a share of the baseline's peak (0.25: a quarter "
+                          "less; below 0: more), "
                           "`speed_ratio` the variant's samples/s over the baseline's; `speed_vs_spread` says whether "
                           "the speed differs by more than the repeats' spread (the rank test's p: how often runs that "
                           "differ only by chance split so); the note says where a variant trains other work than the "
