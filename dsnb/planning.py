@@ -162,6 +162,7 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     if short:
         lines.append(f"warning: {short}")
     lines += time_lines(cfg, p)
+    lines += step_notes(cfg)
     if cfg.max_steps and cfg.untimed_steps >= cfg.max_steps:
         lines.append(f"note: untimed_steps {cfg.untimed_steps} leaves none of the {cfg.max_steps} steps timed, so the "
                      "throughput covers every step, start-up included (throughput_includes_startup 1); raise max_steps")
@@ -170,6 +171,21 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
                      "(out of the passage's window, or tokens of the answer itself); raise max_length to keep them "
                      "whole")
     return "\n".join(lines)
+
+
+def step_notes(cfg: RunConfig) -> list[str]:
+    """Step counts that leave a setting without effect in a run of max_steps: a warm-up that never ends (the learning
+    rate logged is a peak never reached) and a checkpoint interval past the run's end."""
+    lines, steps = [], cfg.max_steps
+    if steps and cfg.lr_warmup_steps > steps:
+        lines.append(f"note: lr_warmup_steps {cfg.lr_warmup_steps} is more than max_steps {steps}: the learning rate "
+                     f"rises to about {cfg.learning_rate * steps / cfg.lr_warmup_steps:.2g}, never to its "
+                     f"{cfg.learning_rate:g}; lower lr_warmup_steps")
+    if steps and cfg.checkpoint_steps > steps:
+        lines.append(f"note: checkpoint_steps {cfg.checkpoint_steps} is more than max_steps {steps}: no checkpoint at "
+                     "a step" + (f" (checkpoint_minutes {cfg.checkpoint_minutes:g} may still write one)"
+                               if cfg.checkpoint_minutes else "; a killed run starts again from its first step"))
+    return lines
 
 
 def time_lines(cfg: RunConfig, p: Plan) -> list[str]:

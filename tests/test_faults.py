@@ -289,6 +289,13 @@ def test_a_plan_says_when_no_step_is_timed(here, workdir, capsys):
 
     assert main(["check", "--offline", "--max_steps", "1"]) == 0
     assert "leaves none of the 1 steps timed" in capsys.readouterr().out
+    # a warm-up longer than the run and a checkpoint interval past its end are said, with what they leave
+    assert main(["check", "--offline", "--max_steps", "4", "--lr_warmup_steps", "100", "--checkpoint_steps", "50",
+                 "--checkpoint_minutes", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "lr_warmup_steps 100 is more than max_steps 4: the learning rate rises to about 8e-06, never to its 0.0002" \
+        in out and "checkpoint_steps 50 is more than max_steps 4: no checkpoint at a step; a killed run starts again" \
+        in out, out
 
 
 def test_a_push_to_a_name_the_hub_refuses_writes_nothing(here, workdir):
