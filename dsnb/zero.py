@@ -98,11 +98,11 @@ def check_batch_sizes(config: dict, cfg: RunConfig, world_size: int = 1) -> None
     for key, value in want.items():
         got = config.get(key, "auto")
         if got != "auto" and got != value:
+            quoted = " (a string: JSON's numbers take no quotes)" if isinstance(got, str) else ""
             raise ConfigError(
-                f"{f'ds_config {cfg.ds_config_path}:' if cfg.ds_config_path else 'ds_config'} {key} is {got!r} but "
-                f"batch_size={cfg.batch_size}, "
-                f"grad_accum={cfg.grad_accum} "
-                f"on {world_size} device(s) give {value}; set it to {value} or \"auto\"")
+                f"{f'ds_config {cfg.ds_config_path}:' if cfg.ds_config_path else 'ds_config'} {key} is {got!r}"
+                f"{quoted} but batch_size={cfg.batch_size}, grad_accum={cfg.grad_accum} on {world_size} device(s) "
+                f"give {value}; set it to {value} or \"auto\"")
 
 
 def run_config(cfg: RunConfig, world_size: int = 1, largest_weight: int = 0) -> dict:
@@ -223,6 +223,9 @@ def check_precision(config: dict, cfg: RunConfig) -> None:
     for section, dtype in (("fp16", "fp16"), ("bf16", "bf16")):
         part = config.get(section, {})
         enabled = part.get("enabled", "auto") if isinstance(part, dict) else part
+        if isinstance(enabled, str) and enabled != "auto":  # "false" would read as true
+            raise ConfigError(f"ds_config {cfg.ds_config_path}: {section}.enabled is the string {enabled!r}; give "
+                              f"JSON's {str(cfg.dtype == dtype).lower()} (no quotes) or \"auto\"")
         if enabled != "auto" and bool(enabled) != (cfg.dtype == dtype):
             raise ConfigError(f"ds_config {cfg.ds_config_path}: {section}.enabled is {enabled!r} but the run's dtype "
                               f"is {cfg.dtype}; set it to {cfg.dtype == dtype} or \"auto\", or change dtype")

@@ -81,6 +81,12 @@ def test_batch_size_mismatch_in_a_user_config():
     check_batch_sizes({"train_batch_size": 8, "gradient_accumulation_steps": "auto"}, cfg)
     with pytest.raises(ConfigError, match="train_batch_size is 8 .* give 16; set it to 16"):
         check_batch_sizes({"train_batch_size": 8}, cfg, world_size=2)
+    with pytest.raises(ConfigError, match="train_batch_size is '16' \\(a string: JSON's numbers take no quotes\\)"):
+        check_batch_sizes({"train_batch_size": "16"}, cfg, world_size=2)
+    from dsnb.zero import check_precision
+
+    with pytest.raises(ConfigError, match="bf16.enabled is the string 'false'; give JSON's false \\(no quotes\\)"):
+        check_precision({"bf16": {"enabled": "false"}}, cfg.replace(dtype="fp32"))
 
 
 def test_a_user_config_is_checked_for_the_processes_dsnb_starts_and_against_the_trainers_values(tmp_path, monkeypatch):
