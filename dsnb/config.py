@@ -750,7 +750,8 @@ def read_variant(path: str, name: str | None) -> dict:
         return read_fields(path)
     base, variants, _ = read_variants(path)
     if name not in variants:
-        raise ConfigError(f"{path} holds several variants: pick one with --variant ({', '.join(variants)})"
+        raise ConfigError(f"{path} holds {'several variants' if len(variants) > 1 else 'named variants'}: pick one "
+                          f"with --variant ({', '.join(variants)})"
                           if not name else f"--variant {name} is not in {path}; use {', '.join(variants)}")
     return {**base, **variants[name]}
 

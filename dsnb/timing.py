@@ -326,7 +326,10 @@ def faster_settings(cfg: RunConfig, lengths: list[int], config, trainable: int, 
 
 
 def minutes(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(1, round(seconds / 60))} min"
+    """A time as a person reads it: seconds under 90 s (a 20-second run is no minute), minutes, then hours."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{round(seconds / 60)} min"
 
 
 def describe_time(est: dict, runs: int = 1) -> str:
