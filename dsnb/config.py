@@ -588,7 +588,7 @@ def coerce(name: str, value, kind):
                 fail(name, f"is {value!r}; expected {expected}")
     if kind in (bool, str):
         if not isinstance(value, kind):
-            fail(name, f"is {value!r}; expected {expected}")
+            fail(name, f"is {value!r}; expected {expected}" + yaml_hint(name, value, kind))
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         fail(name, f"is {value!r}; expected {expected}")
@@ -599,6 +599,16 @@ def coerce(name: str, value, kind):
     if isinstance(value, float) and not value.is_integer():
         fail(name, f"is {value!r}; expected {expected}")
     return int(value)
+
+
+def yaml_hint(name: str, value, kind) -> str:
+    """Why a text field holds no text where YAML made it so: an unquoted yes/no (a boolean), date or number."""
+    if kind is not str or isinstance(value, (dict, list)) or value is None:
+        return ""
+    if isinstance(value, bool):
+        return " (YAML reads an unquoted yes/no, on/off or true/false as a boolean, not as text: quote the value)"
+    kind_read = type(value).__name__
+    return f" (YAML reads an unquoted {value!s} as a {kind_read}, not as text: quote it, {name}: '{value!s}')"
 
 
 def presets() -> list[str]:

@@ -94,6 +94,12 @@ def test_yaml_unknown_key_and_wrong_type(tmp_path):
     bad.write_text("batch_size: [1, 2]\n")
     with pytest.raises(ConfigError, match="batch_size"):
         RunConfig.from_yaml(str(bad))
+    for text, said in (("offload_optimizer: no\n", "offload_optimizer is False; expected text \\(YAML reads an "
+                                                  "unquoted yes/no, on/off or true/false as a boolean"),
+                       ("run_name: 2024-01-01\n", "as a date, not as text: quote it, run_name: '2024-01-01'")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=said):
+            RunConfig.from_yaml(str(bad))
     good = tmp_path / "good.yaml"
     good.write_text("strategy: zero3\noffload_param: cpu\nquantization: none\n")
     assert RunConfig.from_yaml(str(good), lora_r=0).zero_stage == 3
