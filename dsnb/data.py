@@ -536,10 +536,11 @@ def build_dataset(cfg: RunConfig, tokenizer, rows: list[dict] | None = None):
     windows = [passage_window(cfg, tokenizer, row, trained=True) if cfg.prompt == "passage" else None for row in kept]
     parts = [prompt_parts(cfg, tokenizer, row, window) for row, window in zip(kept, windows, strict=True)]
     if all(len(prompt) >= cfg.max_length for prompt, _ in parts):
-        longest = max(len(whole) for _, whole in parts)
+        whole = [prompt_parts(cfg, tokenizer, row, (0, len(row["context"])) if window else None)[1]
+                 for row, window in zip(kept, windows, strict=True)]  # the whole passage, not the cut window
         raise ConfigError(f"max_length is {cfg.max_length}, which cuts every sample before its answer (the prompts "
-                          f"alone take {min(len(p) for p, _ in parts)} tokens or more); set max_length to at least "
-                          f"{longest}, the longest sample")
+                          f"alone take {min(len(p) for p, _ in parts)} tokens or more); {max(map(len, whole))} "
+                          "keeps every sample whole (its whole passage, question and answer)")
     columns: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "full_length": [],
                                 "window_moved": [], "answer_cut": []}
     for row, window, (_, whole) in zip(kept, windows, parts, strict=True):

@@ -345,6 +345,14 @@ def test_held_out_questions_are_in_no_training_row_yet_training_teaches_their_an
 def test_a_max_length_that_cuts_every_answer_is_refused_and_one_that_cuts_some_is_counted(tokenizer):
     with pytest.raises(ConfigError, match="max_length is 8, which cuts every sample before its answer"):
         build_dataset(RunConfig(**dict(CLOSED, max_length=8, num_samples=16)), tokenizer)
+    # with the passage prompt, the length named keeps every sample whole: at it nothing is cut
+    import re
+
+    with pytest.raises(ConfigError, match="cuts every sample before its answer") as refused:
+        build_dataset(RunConfig(**dict(OFFLINE, max_length=8, num_samples=16)), tokenizer)
+    enough = int(re.search(r"\); (\d+) keeps every sample whole", str(refused.value)).group(1))
+    built = build_dataset(RunConfig(**dict(OFFLINE, max_length=enough, num_samples=16)), tokenizer)
+    assert truncated(built) == 0 and not any(built["window_moved"]), enough
     cut = truncated(build_dataset(RunConfig(**dict(CLOSED, max_length=40, num_samples=64)), tokenizer))
     assert 0 < cut < 64
 
