@@ -190,7 +190,25 @@ def read_file(path: str, kind: str, size: int, mtime_ns: int):
     except Exception as e:
         while e.__cause__ is not None:  # datasets' "An error occurred while generating the dataset": say what did
             e = e.__cause__
+        if no_rows(path, kind):  # Arrow's "BatchSize must be greater than 0", datasets' "corresponds to no data"
+            raise ConfigError(f"dataset file {path} holds no rows{' (a header alone)' if kind == 'csv' else ''}; "
+                              "give a file of question/context/answers records") from None
         raise ConfigError(f"dataset file {path} could not be read as {kind} ({describe(e)})") from None
+
+
+def no_rows(path: str, kind: str) -> bool:
+    """Whether a CSV holds a header and no row, or a Parquet file no row (each read fails in its own words)."""
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_metadata(path).num_rows == 0
+        if kind == "csv":
+            with open(path, encoding="utf-8") as f:
+                return sum(1 for line in f if line.strip()) <= 1
+    except Exception:  # not Parquet at all: the read's own error says so
+        return False
+    return False
 
 
 def squad_articles(path: str) -> list[dict] | None:

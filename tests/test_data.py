@@ -370,6 +370,18 @@ def test_rows_that_would_train_on_garbage_name_the_file_and_row(tmp_path, conten
         load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=path.read_bytes().count(b"\n"))))
 
 
+def test_a_table_without_rows_is_said_so(tmp_path):
+    """A CSV of a header alone and a Parquet file of no rows: each library fails in its own words ("corresponds to
+    no data", "BatchSize must be greater than 0"); dsnb says the file holds no rows."""
+    import pandas as pd
+
+    (tmp_path / "h.csv").write_text("question,context,answers\n")
+    pd.DataFrame({"question": [], "context": [], "answers": []}).to_parquet(tmp_path / "e.parquet")
+    for name, said in (("h.csv", "holds no rows \\(a header alone\\)"), ("e.parquet", "holds no rows; give")):
+        with pytest.raises(ConfigError, match=said):
+            load_records(RunConfig(**dict(OFFLINE, dataset=str(tmp_path / name), num_samples=1)))
+
+
 def test_cells_that_only_look_like_json_are_read_as_their_text(tmp_path):
     path = tmp_path / "data.csv"
     path.write_text('question,answers\n"q1?","{not json"\n"q2?","{""text"": [""Seoul""]}"\n')
