@@ -41,7 +41,27 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
-        raise ConfigError(f"{message} ({self.prog} --help lists what it takes)")
+        raise ConfigError(f"{message}{close_flags(message)} ({self.prog} {command_named()}--help lists what it takes)")
+
+
+ARGV: list[str] = []  # the command line main() parses
+
+
+def command_named() -> str:
+    """The subcommand of this command line, for the help to point at ("run " in python -m dsnb run --help)."""
+    return next((f"{a} " for a in ARGV[:1] if a in COMMANDS), "")
+
+
+def close_flags(message: str) -> str:
+    """For flags argparse did not recognize, the run-config fields spelled nearly so (--batchsize: --batch_size)."""
+    import difflib
+
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    given = [a.split("=")[0][2:] for a in message.split(":", 1)[1].split() if a.startswith("--")]
+    close = {f"--{g}": difflib.get_close_matches(g.replace("-", "_"), field_names(), n=1, cutoff=0.75) for g in given}
+    said = [f"{flag}: did you mean --{match[0]}?" for flag, match in close.items() if match]
+    return f"; {'; '.join(said)}" if said else ""
 
 
 class Last(argparse.Action):
@@ -230,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a script's background job (`dsnb compare &`) starts
             signal.signal(signal.SIGINT, signal.default_int_handler)  # so: kill -INT still stops it, as Ctrl-C does
     argv = negative_values(sys.argv[1:] if argv is None else argv)
+    ARGV[:] = argv
     try:
         args = parser().parse_args(argv)
         if getattr(args, "offline", False):

@@ -98,7 +98,9 @@ def test_invalid_configuration_exits_2_with_one_line(here, flags, message):
 
 
 def test_unknown_flag_and_unknown_yaml_key_exit_2(workdir, here):
-    assert here("run", "--offline", "--batchsize", "3").returncode == 2
+    done = here("run", "--offline", "--batchsize", "3")
+    assert done.returncode == 2 and "--batchsize: did you mean --batch_size? (python -m dsnb run --help lists" \
+        in done.stderr, done.stderr
     (workdir / "v.yaml").write_text("strategy: zero1\nlearning_rat: 1\n")
     done = here("run", "-f", "v.yaml")
     assert done.returncode == 2 and "learning_rat is not a run-config field" in done.stderr
