@@ -162,7 +162,7 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     if short:
         lines.append(f"warning: {short}")
     lines += time_lines(cfg, p)
-    lines += step_notes(cfg)
+    lines += step_notes(cfg) + lora_notes(cfg)
     if cfg.max_steps and cfg.untimed_steps >= cfg.max_steps:
         lines.append(f"note: untimed_steps {cfg.untimed_steps} leaves none of the {cfg.max_steps} steps timed, so the "
                      "throughput covers every step, start-up included (throughput_includes_startup 1); raise max_steps")
@@ -171,6 +171,16 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
                      "(out of the passage's window, or tokens of the answer itself); raise max_length to keep them "
                      "whole")
     return "\n".join(lines)
+
+
+def lora_notes(cfg: RunConfig) -> list[str]:
+    """LoRA's settings changed from their defaults in a run that trains every weight (lora_r 0), where they do
+    nothing (a sweep's base may set them for its LoRA variants: said, not refused)."""
+    default = RunConfig()
+    changed = [f"{name} {getattr(cfg, name)}" for name in ("lora_alpha", "lora_dropout", "lora_targets")
+               if getattr(cfg, name) != getattr(default, name)]
+    return [f"note: lora_r 0 trains every weight; without effect in this run: {', '.join(changed)}"] \
+        if cfg.lora_r == 0 and changed else []
 
 
 def step_notes(cfg: RunConfig) -> list[str]:

@@ -296,6 +296,9 @@ def test_a_plan_says_when_no_step_is_timed(here, workdir, capsys):
     assert "lr_warmup_steps 100 is more than max_steps 4: the learning rate rises to about 8e-06, never to its 0.0002" \
         in out and "checkpoint_steps 50 is more than max_steps 4: no checkpoint at a step; a killed run starts again" \
         in out, out
+    assert main(["check", "--offline", "--quantization", "none", "--lora_r", "0", "--lora_targets", "all-linear"]) == 0
+    said = capsys.readouterr().out
+    assert "note: lora_r 0 trains every weight; without effect in this run: lora_targets all-linear" in said
 
 
 def test_a_push_to_a_name_the_hub_refuses_writes_nothing(here, workdir):
