@@ -24,9 +24,10 @@ for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops
 
 import os  # noqa: E402
 
-if os.environ.get("DSNB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):  # config.stay_off_the_hub, before any
-    for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # huggingface_hub import reads them
-        os.environ.setdefault(_name, "1")
+from .config import stay_off_the_hub  # noqa: E402  (config imports nothing heavy)
+
+if os.environ.get("DSNB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):  # offline: the hub is not tried
+    stay_off_the_hub()
 
 from .advise import advise  # noqa: E402  eagerly (neither imports anything heavy): the module of the same name would
 from .compare import compare  # noqa: E402  shadow the function once any code imported it

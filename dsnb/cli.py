@@ -41,26 +41,31 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
-        raise ConfigError(f"{message}{close_flags(message)} ({self.prog} {command_named()}--help lists what it takes)")
+        named = command_named()
+        at = self.prog if not named or self.prog.endswith(f" {named}") else f"{self.prog} {named}"
+        raise ConfigError(f"{message}{close_flags(message, named)} ({at} --help lists what it takes)")
 
 
 ARGV: list[str] = []  # the command line main() parses
 
 
 def command_named() -> str:
-    """The subcommand of this command line, for the help to point at ("run " in python -m dsnb run --help)."""
-    return next((f"{a} " for a in ARGV[:1] if a in COMMANDS), "")
+    """The subcommand of this command line, for the help to point at (run, in python -m dsnb run --help)."""
+    return next((a for a in ARGV[:1] if a in COMMANDS), "")
 
 
-def close_flags(message: str) -> str:
-    """For flags argparse did not recognize, the run-config fields spelled nearly so (--batchsize: --batch_size)."""
+def close_flags(message: str, command: str) -> str:
+    """For flags argparse did not recognize, the command's own flags spelled nearly so (--batchsize: --batch_size)."""
     import difflib
 
     if not message.startswith("unrecognized arguments:"):
         return ""
+    subparsers = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    own = subparsers.choices.get(command)
+    flags = [o[2:] for o in (own._option_string_actions if own else ()) if o.startswith("--")]
     given = [a.split("=")[0][2:] for a in message.split(":", 1)[1].split() if a.startswith("--")]
-    close = {f"--{g}": difflib.get_close_matches(g.replace("-", "_"), field_names(), n=1, cutoff=0.75) for g in given}
-    said = [f"{flag}: did you mean --{match[0]}?" for flag, match in close.items() if match]
+    close = {g: difflib.get_close_matches(g.replace("-", "_"), flags, n=1, cutoff=0.75) for g in given}
+    said = [f"--{flag}: did you mean --{match[0]}?" for flag, match in close.items() if match and match[0] != flag]
     return f"; {'; '.join(said)}" if said else ""
 
 

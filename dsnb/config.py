@@ -602,13 +602,13 @@ def coerce(name: str, value, kind):
 
 
 def yaml_hint(name: str, value, kind) -> str:
-    """Why a text field holds no text where YAML made it so: an unquoted yes/no (a boolean), date or number."""
+    """Why a text field may hold no text: in YAML an unquoted yes/no is a boolean, a date a date, 5 a number."""
     if kind is not str or isinstance(value, (dict, list)) or value is None:
         return ""
     if isinstance(value, bool):
-        return " (YAML reads an unquoted yes/no, on/off or true/false as a boolean, not as text: quote the value)"
-    kind_read = type(value).__name__
-    return f" (YAML reads an unquoted {value!s} as a {kind_read}, not as text: quote it, {name}: '{value!s}')"
+        return " (in YAML an unquoted yes/no, on/off or true/false is a boolean, not text: quote the text you meant)"
+    read = "a date" if hasattr(value, "year") else "a number" if isinstance(value, (int, float)) else None
+    return f" (in YAML an unquoted {value!s} is {read}, not text: quote it, {name}: '{value!s}')" if read else ""
 
 
 def presets() -> list[str]:
@@ -797,25 +797,32 @@ def field_docs() -> dict[str, str]:
 
 
 HUB_OFF = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # set by dsnb offline (unless the user set them)
+SWITCHED_ON = ("1", "ON", "YES", "TRUE")  # huggingface_hub's own reading of such a switch
 
 
 def stay_off_the_hub() -> None:
     """Offline (--offline or DSNB_OFFLINE=1), the hub is not tried: a model or dataset in the hub's cache still loads,
-    and anything else fails at once, where huggingface_hub would retry a host it cannot reach for half a minute."""
+    and anything else fails at once, where huggingface_hub would retry a host it cannot reach for half a minute. A
+    library imported before this read its switch then: it is set on its module too."""
     import sys
 
     for name in HUB_OFF:
         os.environ.setdefault(name, "1")
-    off = os.environ[HUB_OFF[0]].strip().lower() in ("1", "true", "yes")
-    for module in ("huggingface_hub.constants", "datasets.config"):  # read at their import: one made before this
-        if module in sys.modules:
-            sys.modules[module].HF_HUB_OFFLINE = off
+    on = {name: os.environ[name].strip().upper() in SWITCHED_ON for name in HUB_OFF}
+    if "huggingface_hub.constants" in sys.modules:
+        sys.modules["huggingface_hub.constants"].HF_HUB_OFFLINE = on["HF_HUB_OFFLINE"]
+    if "datasets.config" in sys.modules:  # datasets is offline where either switch is on
+        sys.modules["datasets.config"].HF_HUB_OFFLINE = on["HF_HUB_OFFLINE"] or on["HF_DATASETS_OFFLINE"]
 
 
 def hub_offline_note() -> str:
-    """Said beside a hub failure while dsnb keeps off the hub (stay_off_the_hub)."""
-    return " (offline: dsnb reads only the hub's cache)" if os.environ.get(HUB_OFF[0], "").strip().lower() in (
-        "1", "true", "yes") else ""
+    """Said beside a hub failure while the hub is off (stay_off_the_hub, or the user's HF_HUB_OFFLINE), as
+    huggingface_hub itself reads it."""
+    import sys
+
+    constants = sys.modules.get("huggingface_hub.constants")
+    off = constants.HF_HUB_OFFLINE if constants else os.environ.get(HUB_OFF[0], "").strip().upper() in SWITCHED_ON
+    return " (offline: dsnb reads only the hub's cache)" if off else ""
 
 
 def offline_requested() -> bool:

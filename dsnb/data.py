@@ -325,7 +325,7 @@ def normalize_row(row: dict, place: str) -> dict:
     if not isinstance(question, str) or not question.strip():
         raise ConfigError(f"{place}: question is {question!r}; every row needs its question as text")
     answers = row["answers"] if "answers" in row else row.get("answer")
-    return {**row, "question": question, "answers": parse_answers(answers, place)}
+    return {**row, "question": question, "answers": parse_answers(answers, place, listed="answers" in row)}
 
 
 def decoded_cell(cell: str, place: str):
@@ -333,23 +333,38 @@ def decoded_cell(cell: str, place: str):
     text (a list of that one answer). Python's printout of a mapping (pandas' to_csv of a datasets column) is refused:
     read as text, the run would train that printout as the answer."""
     try:
-        return json.loads(cell)
+        decoded = json.loads(cell)
     except json.JSONDecodeError:
         kind = ("a mapping" if re.match(r"\s*\{\s*'(text|answer_start)'\s*:", cell) else
-                "a list" if re.match(r"\s*\[\s*('|\{\s*')", cell) else None)
+                "a list" if cell.lstrip().startswith("[") and python_list(cell) else None)
         if kind:
             raise ConfigError(f"{place}: answers is {cell[:60]!r}..., Python's printout of {kind} (pandas' to_csv "
                               "of a datasets column writes it so), not JSON; write the answers with json.dumps, or "
                               "save the table as JSONL or Parquet") from None
         return [cell]
+    if isinstance(decoded, list) and not (decoded and all(isinstance(a, str) or isinstance(a, dict) and "text" in a
+                                                          for a in decoded)):
+        return [cell]  # "[2]", "[0, 1]": text that reads as a JSON list of no answers ("[]": see parse_answers)
+    return decoded
 
 
-def parse_answers(answers, place: str) -> dict:
+def python_list(cell: str) -> bool:
+    """Whether a cell is Python's printout of a list of answer texts or mappings (['Paris'], [{'text': ...}])."""
+    import ast
+
+    try:
+        value = ast.literal_eval(cell.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return isinstance(value, list) and bool(value) and all(isinstance(a, (str, dict)) for a in value)
+
+
+def parse_answers(answers, place: str, listed: bool = True) -> dict:
     """SQuAD's answers, {"text": [str, ...], "answer_start": [int, ...]} (-1 where a start is not given), from each
     shape with one meaning: SQuAD's flat mapping, the official nested list of {"text", "answer_start"}, a list of
-    texts, a plain answer, or a JSON cell holding one of these."""
-    if isinstance(answers, str) and answers.lstrip().startswith(("{", "[")):  # a JSON cell: a mapping or a list
-        answers = decoded_cell(answers, place)
+    texts, a plain answer, or a JSON cell holding one of these (a list only in an `answers` column: listed)."""
+    if isinstance(answers, str) and answers.lstrip().startswith("{" if not listed else ("{", "[")):
+        answers = [] if listed and answers.strip() == "[]" else decoded_cell(answers, place)  # a JSON cell of answers
     starts = []
     if isinstance(answers, dict):
         if answers and "text" not in answers:  # {"texts": [...]}: a typo would train the "no answer" marker

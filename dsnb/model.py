@@ -76,8 +76,9 @@ def not_loaded(name: str, error: Exception) -> str:
     """Why a hub id or folder did not load, and what to give instead; offline (config.stay_off_the_hub) a hub id the
     hub's cache lacks is said so, not as a connection that failed."""
     note = hub_offline_note()
-    why = (f"is not in the hub's cache{note}" if note and isinstance(error, OSError) and not os.path.isdir(name)
-           else f"could not be loaded ({describe(error)})")
+    missing = "find them in the cached files" in str(error)  # huggingface_hub's words; a broken cached file differs
+    why = (f"is not in the hub's cache{note}" if note and missing and not os.path.isdir(name) else
+           f"could not be loaded ({describe(error)}){note}")
     return f"model {name!r} {why}; give an existing hub id, {ELSEWHERE}"
 
 

@@ -174,7 +174,8 @@ def check_trainer_values(config: dict, cfg: RunConfig) -> None:
             continue
         if path in fields:
             name, want = fields[path]
-            to = f"the run's {name} is {want!r}"
+            to = (f"the run's {name} is {want!r}" if getattr(cfg, name) == want else
+                  f"the Trainer's is {want!r} (lr_warmup_steps {getattr(cfg, name)}: transformers asks at least 1)")
         else:
             import dataclasses
 
@@ -186,7 +187,7 @@ def check_trainer_values(config: dict, cfg: RunConfig) -> None:
         if given != want:
             raise ConfigError(f"ds_config {cfg.ds_config_path}: {path} is {given!r} but {to}; the Trainer refuses a "
                               f"DeepSpeed value that differs from its own: set it to \"auto\" or {want!r}"
-                              + (f", or set {fields[path][0]} {given}" if path in fields else ""))
+                              + (f", or set {fields[path][0]} {given}" if path in fields and given else ""))
 
 
 def check_offload(zero: dict, cfg: RunConfig) -> None:

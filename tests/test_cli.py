@@ -101,6 +101,10 @@ def test_unknown_flag_and_unknown_yaml_key_exit_2(workdir, here):
     done = here("run", "--offline", "--batchsize", "3")
     assert done.returncode == 2 and "--batchsize: did you mean --batch_size? (python -m dsnb run --help lists" \
         in done.stderr, done.stderr
+    # the command's own flags, never the one typed; the command named once in the help it points at
+    assert "--ouput: did you mean --output? (python -m dsnb export --help" in here("export", "--ouput", "x").stderr
+    assert "did you mean" not in here("ui", "--model", "x").stderr
+    assert "(python -m dsnb ui --help lists" in here("ui", "--results_folder", "a", "--tracking_uri", "b").stderr
     (workdir / "v.yaml").write_text("strategy: zero1\nlearning_rat: 1\n")
     done = here("run", "-f", "v.yaml")
     assert done.returncode == 2 and "learning_rat is not a run-config field" in done.stderr
@@ -415,3 +419,23 @@ def test_a_run_started_with_sigint_ignored_still_stops_on_sigint(workdir):
 def runs_in(store):
     client = mlflow.MlflowClient(f"sqlite:///{store}")
     return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+def test_offline_dsnb_keeps_off_the_hub_whatever_was_imported_first(workdir):
+    """DSNB_OFFLINE=1 without the hub's own switch: an unknown hub id fails in one line, with no attempt at the
+    unreachable host (huggingface_hub's retry lines), and a notebook that imported huggingface_hub before dsnb is
+    offline too."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    done = subprocess.run([sys.executable, "-m", "dsnb", "check", "--model", "some-org/no-such-model"], cwd=workdir,
+                          capture_output=True, text=True, env={**env, "DSNB_OFFLINE": "1"}, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "dsnb: error: model 'some-org/no-such-model' is not in the hub's cache (offline: dsnb reads only the hub's "
+        "cache); give an existing hub id, a local folder, or synthetic:tiny (--offline: dsnb's own model and data)"], \
+        done.stderr
+    first = subprocess.run([sys.executable, "-c", "import huggingface_hub.constants as c, datasets.config as d, dsnb; "
+                            "print(c.HF_HUB_OFFLINE, d.HF_HUB_OFFLINE)"], capture_output=True, text=True,
+                           env={**env, "DSNB_OFFLINE": "1"}, timeout=300)
+    assert first.stdout.split() == ["True", "True"], first.stderr[-2000:]
+    online = subprocess.run([sys.executable, "-c", "import dsnb, huggingface_hub.constants as c; "
+                             "print(c.HF_HUB_OFFLINE)"], capture_output=True, text=True, env=env, timeout=300)
+    assert online.stdout.split() == ["False"], online.stderr[-2000:]

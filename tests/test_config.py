@@ -94,9 +94,9 @@ def test_yaml_unknown_key_and_wrong_type(tmp_path):
     bad.write_text("batch_size: [1, 2]\n")
     with pytest.raises(ConfigError, match="batch_size"):
         RunConfig.from_yaml(str(bad))
-    for text, said in (("offload_optimizer: no\n", "offload_optimizer is False; expected text \\(YAML reads an "
-                                                  "unquoted yes/no, on/off or true/false as a boolean"),
-                       ("run_name: 2024-01-01\n", "as a date, not as text: quote it, run_name: '2024-01-01'")):
+    for text, said in (("offload_optimizer: no\n", "offload_optimizer is False; expected text \\(in YAML an "
+                                                  "unquoted yes/no, on/off or true/false is a boolean"),
+                       ("run_name: 2024-01-01\n", "is a date, not text: quote it, run_name: '2024-01-01'")):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=said):
             RunConfig.from_yaml(str(bad))
