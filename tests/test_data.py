@@ -387,6 +387,14 @@ def test_cells_that_only_look_like_json_are_read_as_their_text(tmp_path):
     path.write_text('question,answers\n"q1?","{not json"\n"q2?","{""text"": [""Seoul""]}"\n')
     rows = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=2)))
     assert [format_prompt(r) for r in rows] == ["질문: q1?\n답변: {not json", "질문: q2?\n답변: Seoul"]
+    # a list of answers as JSON is the list; text that only reads as a list of numbers stays text, and a singular
+    # `answer` column holds one answer whatever it looks like
+    path.write_text('question,answers\n"q1?","[""Seoul"", ""서울""]"\n"q2?","[2]"\n"q3?","[0, 1] (x)"\n')
+    rows = load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=3)))
+    assert [r["answers"]["text"] for r in rows] == [["Seoul", "서울"], ["[2]"], ["[0, 1] (x)"]]
+    path.write_text('question,answer\n"q1?","[""Seoul""]"\n')
+    assert load_records(RunConfig(**dict(OFFLINE, dataset=str(path), num_samples=1)))[0]["answers"]["text"] == \
+        ['["Seoul"]']
 
 
 def test_the_passage_prompt_reads_the_passage_and_cuts_only_its_end(tokenizer):
