@@ -117,8 +117,14 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     flags = {k: v for k, v in vars(args).items() if k in field_names() or k in RENAMED}
     if args.variant and not args.file:
         raise ConfigError(f"--variant {args.variant} names a variant of a file: give the file with -f")
-    return RunConfig.layered(read_variant(args.file, args.variant) if args.file else {}, flags,
-                             offline=args.offline or offline_requested())
+    fields = read_variant(args.file, args.variant) if args.file else {}
+    try:
+        return RunConfig.layered(fields, flags, offline=args.offline or offline_requested())
+    except ConfigError as e:  # a value the file gave (not a flag over it): the file (and variant) named
+        field = str(e).split(" ", 1)[0]
+        if field in fields and field not in flags:
+            raise ConfigError(f"{args.file}{f' (variant {args.variant})' if args.variant else ''}: {e}") from None
+        raise
 
 
 def variant_parser() -> argparse.ArgumentParser:

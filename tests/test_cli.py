@@ -108,6 +108,12 @@ def test_unknown_flag_and_unknown_yaml_key_exit_2(workdir, here):
     (workdir / "v.yaml").write_text("strategy: zero1\nlearning_rat: 1\n")
     done = here("run", "-f", "v.yaml")
     assert done.returncode == 2 and "learning_rat is not a run-config field" in done.stderr
+    # a bad value the file gave names the file and its variant; one a flag gave does not blame the file
+    (workdir / "w.yaml").write_text("base: {quantization: none}\nvariants:\n  a: {lora_r: -2}\n  b: {}\n")
+    assert "dsnb: error: w.yaml (variant a): lora_r is -2" in here("check", "--offline", "-f", "w.yaml", "--variant",
+                                                                   "a").stderr
+    assert "dsnb: error: lora_r is -3" in here("check", "--offline", "-f", "w.yaml", "--variant", "a", "--lora_r",
+                                               "-3").stderr
 
 
 def test_a_run_that_breaks_exits_1_and_is_recorded_failed(workdir):
