@@ -749,21 +749,10 @@ def check_host_ram(cfg: RunConfig, world: int, device: str, estimate: dict | Non
         if cfg.host_ram_check == "refuse":
             raise ConfigError(f"{message}; use a smaller model, shorter max_length or batch, offload less, or set "
                               "host_ram_check warn to try anyway")
-        say_once(f"dsnb: warning: {message}; trying anyway (host_ram_check warn)")
+        print(f"dsnb: warning: {message}; trying anyway (host_ram_check warn)")
     elif resident > have and not early:
-        say_once(f"dsnb: note: reading the weights file takes the resident memory to about {resident:.1f} GB while "
-                 f"{where}; its memory-mapped pages can be dropped by the kernel, so this should load")
-
-
-_SAID: set[str] = set()
-
-
-def say_once(line: str) -> None:
-    """A warning or note the check and then the plan would each print (the plan checks again with the data's
-    activations): printed once a process."""
-    if line not in _SAID:
-        _SAID.add(line)
-        print(line)
+        print(f"dsnb: note: reading the weights file takes the resident memory to about {resident:.1f} GB while "
+              f"{where}; its memory-mapped pages can be dropped by the kernel, so this should load")
 
 
 def check_nvme_folder(path: str) -> None:
