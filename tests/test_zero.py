@@ -112,7 +112,8 @@ def test_a_user_config_is_checked_for_the_processes_dsnb_starts_and_against_the_
                          (("optimizer", "betas", [0.9, 0.95]), "betas is \\[0.9, 0.95\\] but the Trainer's is "
                                                                "\\[0.9, 0.999\\]"),
                          (("scheduler", "total_num_steps", 10), "total_num_steps is 10 but the run's max_steps is 6"),
-                         (("scheduler", "warmup_num_steps", 5), "warmup_num_steps is 5 but the run's lr_warmup_steps"),
+                         (("scheduler", "warmup_num_steps", 5), "warmup_num_steps is 5 but the Trainer's is 1 "
+                                                                "\\(lr_warmup_steps 0: transformers asks at least "),
                          ((None, "gradient_clipping", 0.5), "gradient_clipping is 0.5 but the Trainer's is 1.0")):
         section, key, value = change
         doc = json.loads(json.dumps(fine))
@@ -122,6 +123,9 @@ def test_a_user_config_is_checked_for_the_processes_dsnb_starts_and_against_the_
             check_deepcompile(cfg, "cpu")
     path.write_text(json.dumps({**fine, "zero_optimization": {"stage": 2}}))
     check_deepcompile(cfg, "cpu")
+    with pytest.raises(ConfigError, match="warmup_num_steps is 1 but the run's lr_warmup_steps is 3; .* or 3, or set "
+                                          "lr_warmup_steps 1"):
+        check_deepcompile(cfg.replace(lr_warmup_steps=3), "cpu")
 
 
 def test_nvme_parameter_buffers_hold_the_largest_weight():
