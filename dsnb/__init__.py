@@ -24,10 +24,10 @@ for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops
 
 import os  # noqa: E402
 
-from .config import stay_off_the_hub  # noqa: E402  (config imports nothing heavy)
+from .config import OFFLINE_ENV, OFFLINE_ON, stay_off_the_hub  # noqa: E402  (config imports nothing heavy)
 
-if os.environ.get("DSNB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):  # offline: the hub is not tried
-    stay_off_the_hub()
+if os.environ.get(OFFLINE_ENV, "").strip().lower() in OFFLINE_ON:  # offline: the hub is not tried (a bad value is
+    stay_off_the_hub()  # refused where the config is read: config.offline_requested, not at import)
 
 from .advise import advise  # noqa: E402  eagerly (neither imports anything heavy): the module of the same name would
 from .compare import compare  # noqa: E402  shadow the function once any code imported it

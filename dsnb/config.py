@@ -825,13 +825,16 @@ def hub_offline_note() -> str:
     return " (offline: dsnb reads only the hub's cache)" if off else ""
 
 
+OFFLINE_ON = ("1", "true", "yes")  # DSNB_OFFLINE's values that turn it on
+
+
 def offline_requested() -> bool:
     """DSNB_OFFLINE as a switch: 1/true/yes or 0/false/no (or unset); any other value is an error, not a default."""
     value = os.environ.get(OFFLINE_ENV, "").strip().lower()
-    if value not in ("", "1", "true", "yes", "0", "false", "no"):
+    if value not in ("", *OFFLINE_ON, "0", "false", "no"):
         raise ConfigError(f"{OFFLINE_ENV} is {os.environ[OFFLINE_ENV]!r}; set it to 1 (the offline default) or 0, or "
                           "unset it")
-    return value in ("1", "true", "yes")
+    return value in OFFLINE_ON
 
 
 def check_environment() -> None:
