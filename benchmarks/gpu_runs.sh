@@ -14,6 +14,9 @@
 #   OUT=out bash benchmarks/gpu_runs.sh fp8quality   # LoRA on fp8 base weights against bf16 ones on the quality task:
 #                                                    # held-out exact match and F1, REPEATS (4) of each, interleaved
 #                                                    # (benchmarks/fp8_quality.py)
+#   LEVERS="ropecompute now" OUT=out bash benchmarks/gpu_runs.sh levers   # throughput_levers.py levers side by side,
+#                                                    # each from a cold compile cache (PROFILE=1: then a profiled step of
+#                                                    # the last lever from its warm cache, its kernels' sources kept)
 #   OUT=out bash benchmarks/gpu_runs.sh fp8head      # the LM head in fp8 too (throughput_levers.py fp8head) beside
 #                                                    # bf16's throughput mode (LEVERS="fp8 fp8head": beside fp8's;
 #                                                    # any throughput_levers.py levers: fp8exact, fp8fastfwd)
@@ -197,7 +200,7 @@ peers)  # the peers' LoRA fine-tuning of the bench's task as each runs it (bench
   fi
   cat "$OUT/peers.md"
   ;;
-fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) beside the bf16 throughput mode in one call,
+fp8head|levers)  # levers: any throughput_levers.py levers side by side (LEVERS="ropecompute now"). fp8head: the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) beside the bf16 throughput mode in one call,
   # each a fresh process from a cold compile cache: LEVERS="now fp8head" (default) for the ratio to bf16, then
   # LEVERS="fp8 fp8head" for what the head alone adds and what fp8 logits do to the loss; any levers of
   # throughput_levers.py (fp8exact: fp32 accumulation, fp8fastfwd: fast in the forward only). Each lever is stopped
@@ -207,6 +210,14 @@ fp8head)  # the fp8 LM head lever (benchmarks/throughput_levers.py fp8head) besi
   for lever in ${LEVERS:-now fp8head}; do
     lever "$lever" "${LIMIT:-420}"
   done
+  if [ "${PROFILE:-0}" = 1 ]; then  # the last lever's step profiled, compiled from its own cache, its kernels kept
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_lever_$lever timeout 200 python3 benchmarks/throughput_levers.py "$lever" \
+      --untimed 4 --steps 2 --profile "$OUT/profile_$lever.txt" --tracking_uri "$DB" > "$OUT/profile_$lever.log" 2>&1
+    echo "profile exit $?"; head -1 "$OUT/profile_$lever.txt"
+    mkdir -p "$OUT/kernels_$lever"
+    grep -rlE "def triton_(poi|red|per)_fused.*(cos|rsqrt|pow_sum|silu)" /tmp/inductor_lever_$lever --include=*.py |
+      head -40 | xargs -r cp -t "$OUT/kernels_$lever"
+  fi
   dump fp8head
   ;;
 chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole logits, each run a fresh process:

@@ -1,6 +1,6 @@
 """The throughput mode with one lever changed, in this process: what each lever buys toward 50% MFU.
 
-    python benchmarks/throughput_levers.py LEVER [--untimed 8] [--steps 12] [--out FILE]   # on the GPU machine
+    python benchmarks/throughput_levers.py LEVER [--untimed 8] [--steps 12] [--out FILE] [--profile step.txt]   # GPU
 
 LEVER is one of:
   base     the throughput mode as it first was: 256 samples a step packed into rows of 512 tokens (padding packed),
@@ -35,6 +35,8 @@ LEVER is one of:
            time, each chunk's gradient made in its forward, so the 12,288 tokens' whole logits are never held
   chunk24  chunk with 24 rows of 1024 tokens a micro-batch, twice the bench's (which whole logits leave no room for on
            an 80 GB GPU)
+  ropecompute  now with rotary's cos and sin computed where they are used, as inductor compiled them before the
+           compiled loop read them from a table of positions (dsnb.loop.rotary_tables)
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)
 
 Prints (and with --out appends) one JSON line: the lever, samples/s, real tokens/s, MFU, step time and mean loss
@@ -51,18 +53,27 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "autotune", "inddrop",
-                                     "repeatkv", "fp8", "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24"))
+                                     "repeatkv", "fp8", "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24",
+                                     "ropecompute"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
     p.add_argument("--tracking_uri", default="sqlite:////tmp/throughput_levers.db")
     p.add_argument("--offline", action="store_true")
+    p.add_argument("--profile", default="", help="write the last untimed step's profile here (RunConfig.profile)")
     a = p.parse_args()
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
-    cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers")
+    cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers", profile=a.profile)
     tune_inductor(a.lever)
     if a.lever in ("now", "autotune", "inddrop"):
         return record(a, train.train(cfg.replace(dropout_kernel=a.lever != "inddrop")))
+    if a.lever == "ropecompute":
+        import contextlib
+
+        from dsnb import loop
+
+        loop.rotary_tables = lambda model, rows: contextlib.ExitStack()  # the module's own forward, compiled
+        return record(a, train.train(cfg))
     if a.lever == "repeatkv":
         from dsnb import model
 

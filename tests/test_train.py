@@ -1,4 +1,5 @@
 """Real DeepSpeed on synthetic:tiny on the CPU: ZeRO must not change the math."""
+import contextlib
 import json
 import os
 
@@ -488,3 +489,52 @@ def test_the_rendezvous_port_is_free_and_below_the_kernels_ephemeral_range(tmp_p
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
     assert 0 < rendezvous_port(str(tmp_path / "missing")) < 65536
+
+
+@pytest.mark.parametrize("rope", ["default", "llama3"])
+def test_compiled_rotary_reads_a_table_with_the_modules_own_numbers(rope):
+    """The compiled loop's rotary tables (loop.rotary_tables): a compiled step on packed rows (positions restarting)
+    computes no cos or sin, and its loss and every gradient are the module's own bit for bit; rows longer than the
+    table, and calls outside compile, take the module's forward; close() puts the module back as it was."""
+    import re
+
+    import torch
+    from torch._inductor.utils import run_and_get_code
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dsnb.loop import rotary_tables
+
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192} if rope == "llama3" else {"rope_type": "default"}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                         rope_parameters={"rope_theta": 500000.0, **scaling})).to(torch.bfloat16)
+    ids = torch.randint(0, 300, (2, 48))
+    positions = torch.cat([torch.arange(20), torch.arange(28)]).repeat(2, 1)
+
+    def compiled_step(rows):
+        torch._dynamo.reset()
+        model.zero_grad(set_to_none=True)
+        tables = rotary_tables(model, rows) if rows else contextlib.nullcontext()
+        with tables:
+            loss, code = run_and_get_code(torch.compile(
+                lambda: (lambda out: (out.loss.backward(), out.loss)[1])(model(input_ids=ids, position_ids=positions,
+                                                                               labels=ids))))
+        trig = len(re.findall(r"\b(?:cos|sin)\(", "\n".join(code)))
+        return loss.item(), [p.grad.clone() for p in model.parameters()], trig
+
+    own_loss, own_grads, own_trig = compiled_step(0)
+    assert own_trig > 0  # the compiled step computes rotary itself: the work the tables take away
+    loss, grads, trig = compiled_step(64)
+    assert trig == 0 and loss == own_loss
+    assert all(torch.equal(a, b) for a, b in zip(grads, own_grads, strict=True))
+    short = compiled_step(32)  # rows of 48 tokens past a 32-row table: the module's own forward
+    assert short[2] > 0 and short[0] == own_loss
+    rotary = model.model.rotary_emb
+    x = torch.zeros(1, dtype=torch.bfloat16)
+    with rotary_tables(model, 64):
+        assert "forward" in vars(rotary) and rotary.cos_table.shape == (64, 32)
+        eager = rotary(x, positions)  # outside compile: the module's own numbers, computed
+    assert "forward" not in vars(rotary) and not hasattr(rotary, "cos_table")
+    assert all(torch.equal(a, b) for a, b in zip(eager, rotary(x, positions), strict=True))
