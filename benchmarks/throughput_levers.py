@@ -37,6 +37,9 @@ LEVER is one of:
            an 80 GB GPU)
   ropecompute  now with rotary's cos and sin computed where they are used, as inductor compiled them before the
            compiled loop read them from a table of positions (dsnb.loop.rotary_tables)
+  multikernel  now with inductor's multi-kernel reductions (triton.multi_kernel 1): each reduction over a row of up to
+           16,384 elements (the norms' 3,072) compiled persistent too, the row held in registers instead of read twice
+           through an fp32 scratch buffer, and the faster of the two kept by timing both on the first call
   --offline: the CPU's offline variant (a check of this script; flex has no backward on the CPU)
 
 Prints (and with --out appends) one JSON line: the lever, samples/s, real tokens/s, MFU, step time and mean loss
@@ -54,7 +57,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "autotune", "inddrop",
                                      "repeatkv", "fp8", "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24",
-                                     "ropecompute"))
+                                     "ropecompute", "multikernel"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -65,7 +68,7 @@ def main() -> None:
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers", profile=a.profile)
     tune_inductor(a.lever)
-    if a.lever in ("now", "autotune", "inddrop"):
+    if a.lever in ("now", "autotune", "inddrop", "multikernel"):
         return record(a, train.train(cfg.replace(dropout_kernel=a.lever != "inddrop")))
     if a.lever == "ropecompute":
         import contextlib
@@ -100,11 +103,13 @@ def main() -> None:
 
 
 def tune_inductor(lever: str) -> None:
-    """cdt and autotune: inductor's own tuning, set before the loop compiles."""
+    """cdt, autotune and multikernel: inductor's own tuning, set before the loop compiles."""
     import torch._inductor.config as inductor
 
     if lever == "cdt":
         inductor.coordinate_descent_tuning = True
+    elif lever == "multikernel":
+        inductor.triton.multi_kernel = 1
     elif lever == "autotune":
         inductor.max_autotune_gemm = True
         inductor.triton.enable_persistent_tma_matmul = True
