@@ -142,9 +142,10 @@ def rotary_tables(model, rows: int) -> contextlib.ExitStack:
     """Rotary's cos and sin looked up in a table of positions 0..rows-1 in compiled steps, until close().
 
     Compiled on a GPU, inductor computes cos and sin of every position inside each kernel that applies rotary (every
-    layer's queries and keys, forward and backward: about 520 us a layer of a 3B throughput step on an H100, several
-    times the bytes they move) instead of once. A table holds the values the module computes (positions times its
-    inv_freq, in fp32, cos and sin times its attention scaling), so each lookup is the same number bit for bit.
+    layer's queries and keys, forward and backward: 14.5 ms of the 3B throughput step on an H100, 5.6 with the table;
+    1.025x the step, benchmarks/results/rope_table_h100.md) instead of once. A table holds the values the module
+    computes (positions times its inv_freq, in fp32, cos and sin times its attention scaling), so each lookup is the
+    same number bit for bit.
     Uncompiled calls, rows longer than the table and rotary types whose frequencies move with the length (dynamic,
     longrope) keep the module's own forward."""
     import torch

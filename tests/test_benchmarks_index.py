@@ -100,3 +100,23 @@ def test_a_current_figure_agrees_with_the_result_file_it_cites(page, header, row
         assert column, f"{target}'s table has no column {' or '.join(names)} for {what}"
         assert number(value) == number(src[column]), (
             f"{name} says {variant} {what} {value}; {target} says {src[column]} ({column})")
+
+
+@pytest.mark.parametrize("profile", sorted(RESULTS.rglob("profile_*.txt")), ids=lambda p: p.name)
+def test_a_profiles_categories_hold_every_kernel_it_lists(profile):
+    """benchmarks/profile_categories.py puts every kernel of a committed profile's table in a named category, and
+    the table's kernels add up to no more than the step's GPU time that the file's first line states (a long table
+    lists only its top rows)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_categories", ROOT / "benchmarks" / "profile_categories.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = profile.read_text(encoding="utf-8")
+    stated = re.search(r"GPU kernels ([\d.]+) ms", text.splitlines()[0])
+    if not stated:
+        pytest.skip("a profile of the host side only")
+    found = module.categories(text)
+    listed = sum(ms for _, ms in module.kernels(text))
+    assert "uncategorized" not in found and sum(found.values()) == pytest.approx(listed), found
+    assert 0.9 * float(stated.group(1)) <= listed <= float(stated.group(1)) + 0.3, (listed, stated.group(1))
