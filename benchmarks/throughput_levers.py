@@ -37,6 +37,8 @@ LEVER is one of:
            an 80 GB GPU)
   ropecompute  now with rotary's cos and sin computed where they are used, as inductor compiled them before the
            compiled loop read them from a table of positions (dsnb.loop.rotary_tables)
+  logitsout  now with the whole model compiled, its logits an output, as the compiled loop ran before it returned
+           only the loss (dsnb.loop.loss_only): each step a zero gradient the size of the logits, copied by CUDA graphs
   multikernel  now with inductor's multi-kernel reductions (triton.multi_kernel 1): each reduction over a row of up to
            16,384 elements (the norms' 3,072) compiled persistent too, the row held in registers instead of read twice
            through an fp32 scratch buffer, and the faster of the two kept by timing both on the first call
@@ -57,7 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("lever", choices=("base", "flex", "filled", "nodrop", "cdt", "rows256", "now", "autotune", "inddrop",
                                      "repeatkv", "fp8", "fp8exact", "fp8fastfwd", "fp8head", "chunk", "chunk24",
-                                     "ropecompute", "multikernel"))
+                                     "ropecompute", "multikernel", "logitsout"))
     p.add_argument("--untimed", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default=None)
@@ -68,20 +70,9 @@ def main() -> None:
     cfg = bench_configs(a.offline, a.untimed, a.steps, a.tracking_uri)["throughput_compiled"]
     cfg = cfg.replace(run_name=f"throughput_{a.lever}", experiment="dsnb_throughput_levers", profile=a.profile)
     tune_inductor(a.lever)
-    if a.lever in ("now", "autotune", "inddrop", "multikernel"):
+    if a.lever in ("now", "autotune", "inddrop", "multikernel", "logitsout", "ropecompute", "repeatkv"):
+        undo(a.lever)
         return record(a, train.train(cfg.replace(dropout_kernel=a.lever != "inddrop")))
-    if a.lever == "ropecompute":
-        import contextlib
-
-        from dsnb import loop
-
-        loop.rotary_tables = lambda model, rows: contextlib.ExitStack()  # the module's own forward, compiled
-        return record(a, train.train(cfg))
-    if a.lever == "repeatkv":
-        from dsnb import model
-
-        model.attend_to_grouped_heads = lambda: None  # transformers' flex_attention_forward stays registered
-        return record(a, train.train(cfg))
     if a.lever in ("chunk", "chunk24"):
         rows = 2 * cfg.batch_size if a.lever == "chunk24" else cfg.batch_size
         return record(a, train.train(cfg.replace(loss_chunk=1024, batch_size=rows)))
@@ -113,6 +104,20 @@ def tune_inductor(lever: str) -> None:
     elif lever == "autotune":
         inductor.max_autotune_gemm = True
         inductor.triton.enable_persistent_tma_matmul = True
+
+
+def undo(lever: str) -> None:
+    """logitsout, ropecompute and repeatkv: one of dsnb's own levers put back as it was before it."""
+    import contextlib
+
+    from dsnb import loop, model
+
+    if lever == "logitsout":
+        loop.loss_only = lambda trainer: trainer.model  # the model compiled whole, its logits an output
+    elif lever == "ropecompute":
+        loop.rotary_tables = lambda model, rows: contextlib.ExitStack()  # the rotary module's own forward, compiled
+    elif lever == "repeatkv":
+        model.attend_to_grouped_heads = lambda: None  # transformers' flex_attention_forward stays registered
 
 
 def head_in_fp8() -> None:

@@ -538,3 +538,43 @@ def test_compiled_rotary_reads_a_table_with_the_modules_own_numbers(rope):
         eager = rotary(x, positions)  # outside compile: the module's own numbers, computed
     assert "forward" not in vars(rotary) and not hasattr(rotary, "cos_table")
     assert all(torch.equal(a, b) for a, b in zip(eager, rotary(x, positions), strict=True))
+
+
+def test_the_compiled_step_returns_only_the_loss_and_no_logits_gradient_is_made(tmp_path):
+    """loop.loss_only: the compiled model returns its loss alone, so the backward makes no zero gradient the size of
+    the logits for an output the loss never used (on a GPU, CUDA graphs also copied it); the loss is the whole model's
+    bit for bit, every gradient within fp32 rounding. With label smoothing the Trainer reads the logits, and the model
+    stays whole."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from dsnb.loop import loss_only
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=3000))
+    ids = torch.randint(0, 3000, (2, 128))
+
+    def step(forward, trainer):
+        torch._dynamo.reset()
+        model.zero_grad(set_to_none=True)
+        compiled = torch.compile(forward)
+        trainer.compute_loss(compiled, {"input_ids": ids, "labels": ids}).backward()  # compiled once
+        model.zero_grad(set_to_none=True)
+        with torch.profiler.profile(record_shapes=True) as profile:
+            loss = trainer.compute_loss(compiled, {"input_ids": ids, "labels": ids})
+            loss.backward()
+        zeroed = [e.input_shapes[0] for e in profile.key_averages(group_by_input_shape=True)
+                  if e.key in ("aten::zero_", "aten::fill_") and e.input_shapes and e.input_shapes[0]]
+        return loss.item(), [p.grad.clone() for p in model.parameters()], [2, 128, 3000] in zeroed
+
+    args = dict(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = Trainer(model=model, args=TrainingArguments(**args))
+    whole = step(model, trainer)
+    assert whole[2]  # the whole model's compiled backward zeroes a logits-sized gradient: what loss_only removes
+    alone = step(loss_only(trainer), trainer)
+    assert not alone[2] and alone[0] == whole[0]
+    for a, b in zip(alone[1], whole[1], strict=True):  # the backward's kernels fuse otherwise: fp32 rounding
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    smoothing = Trainer(model=model, args=TrainingArguments(**args, label_smoothing_factor=0.1))
+    assert loss_only(smoothing) is model
