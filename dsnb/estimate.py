@@ -31,7 +31,8 @@ whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% o
                grouped key/value heads when the count was fitted (kv_copies); with 8-bit weights (1.6 h + i)
                half-precision elements that bitsandbytes keeps. Logits: V x (2 + 4 + 4) bytes per token (logits,
                their fp32 upcast for the loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast into
-               the log-softmax).
+               the log-softmax), less V x 3 x 2 in dsnb's compiled loop without DeepSpeed, whose graph no longer
+               outputs the logits (logits_outputs: the fits were made with them).
                Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without.
                With loss_chunk, less what chunking frees, one chunk's and the hidden states' gradient (logits_bytes)
   ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
@@ -70,6 +71,7 @@ machine add up.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -111,6 +113,25 @@ LIVE_PARAMETERS = 1e9  # elements: DeepSpeed's stage3_max_live_parameters defaul
 # states' 6 MB gradient, 244.5; its fp16 logits and their fp32 upcast would count 6, not measured). In sample, and the
 # only fp16 pair: what fp16 frees over several chunks is taken as bf16's, unmeasured.
 COMPILED_LOGITS_FREED = 8
+# dsnb's compiled loop without DeepSpeed compiles a model that returns only its loss (loop.loss_only). Before, the
+# logits were a graph output: the output itself, a zero gradient for it each step and, under CUDA graphs, that
+# gradient's copy into the graphs' own buffer, each a token and vocabulary entry in the compute dtype, which the fits
+# above were made with. Measured on an H100 (the 3B throughput mode, 12,288 tokens: 44,409 MB with the logits an output,
+# 35,495 without, 5.93 bytes a token and entry; benchmarks/results/loss_only_h100.md): 3 copies with CUDA graphs; 2
+# without them (the third is the graphs' copy), not measured.
+LOGITS_OUTPUT_COPIES = 3
+LOSS_ONLY = [True]  # False inside runs_made_before_loss_only()
+
+
+@contextlib.contextmanager
+def runs_made_before_loss_only():
+    """Estimates as the compiled loop was when the committed GPU runs were measured: its graph output the logits
+    (logits_outputs counts nothing). benchmarks/advise_vs_measured.py and estimate_vs_measured.py estimate them so."""
+    LOSS_ONLY[0] = False
+    try:
+        yield
+    finally:
+        LOSS_ONLY[0] = True
 COMPILED_CHUNK = 10
 COMPILED_CHUNK_FP16 = 6
 MASK_BYTES = 10  # per element of a row's length x length attention mask (measured 9 on the CPU: synthetic:tiny, fp32)
@@ -166,7 +187,7 @@ def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
     vocab = config.vocab_size
     whole = 2 * act_bytes if cfg.torch_compile else act_bytes + 8
     if not cfg.loss_chunk:
-        return tokens * vocab * whole
+        return tokens * vocab * whole - logits_outputs(cfg, config, tokens)
     freed, chunk = whole, 4 + (act_bytes if act_bytes < 4 else 0)  # eager: the terms above (bf16 or fp16 logits,
     # their fp32 upcast and its gradient); a chunk's fp32 logits, their gradient in place, and it in the compute dtype
     if cfg.torch_compile and act_bytes == 2:
@@ -174,6 +195,17 @@ def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
     head_grad = vocab * config.hidden_size * 4 if cfg.lora_r == 0 else 0
     return (tokens * vocab * (whole - freed) + min(tokens, cfg.loss_chunk) * vocab * chunk
             + tokens * config.hidden_size * act_bytes + head_grad)
+
+
+def logits_outputs(cfg: RunConfig, config, tokens: int) -> float:
+    """Bytes the fitted terms hold for the logits as a compiled graph's output (LOGITS_OUTPUT_COPIES), which dsnb's
+    compiled loop without DeepSpeed no longer makes (loop.loss_only); 0 where the logits still are one (the eager
+    Trainer, DeepSpeed's engine) or are never made whole (loss_chunk). The runs measured before are estimated with them
+    added back (benchmarks/advise_vs_measured.py)."""
+    if not cfg.torch_compile or cfg.zero_stage is not None or cfg.loss_chunk or not LOSS_ONLY[0]:
+        return 0.0
+    copies = LOGITS_OUTPUT_COPIES if cfg.cuda_graphs else LOGITS_OUTPUT_COPIES - 1
+    return tokens * config.vocab_size * copies * activation_bytes(cfg)
 
 
 def layer_activations(cfg: RunConfig, config) -> float:

@@ -127,15 +127,17 @@ def test_activations_count_what_a_layer_keeps_and_each_adapters_dropout(dropout,
     activations are 85% of its peak) measured 47,096 MB, and 43,136 MB without LoRA's dropout (throughput_levers.jsonl's
     nodrop): within 1% (the earlier per-token count, the same for every path, came out 6% and 16% over). Those H200 runs
     held transformers' copies of the grouped key/value heads, which dsnb's flex attention no longer makes: they are
-    added back here (kv_copies), as benchmarks/advise_vs_measured.py does for every run made before."""
+    added back here (kv_copies), as benchmarks/advise_vs_measured.py does for every run made before; so are the logits
+    they output (estimate.logits_outputs)."""
     from types import SimpleNamespace
 
-    from dsnb.estimate import kv_copies
+    from dsnb.estimate import kv_copies, logits_outputs
 
     shape = SimpleNamespace(**B3, head_dim=128)
     cfg = RunConfig(quantization="none", dtype="bf16", padding="filled", max_length=512, batch_size=24, grad_accum=1,
                     torch_compile=True, lora_dropout=dropout, attention="flex")
     est = estimate_memory(cfg, shape, trainable_params(cfg, shape), 24 * 512, 1, 512)["est_peak_gpu_mb"]
+    est += logits_outputs(cfg, shape, 24 * 512) / 2**20  # made with the logits a compiled output (loop.loss_only)
     copies_mb = kv_copies(cfg, shape) * 24 * 512 * shape.num_hidden_layers * 2 / 2**20
     assert copies_mb > 2000 and est + copies_mb == pytest.approx(measured, rel=0.01)
 
@@ -143,17 +145,22 @@ def test_activations_count_what_a_layer_keeps_and_each_adapters_dropout(dropout,
 def test_flex_attention_holds_no_copies_of_grouped_key_value_heads():
     """The throughput mode as the bench runs it (12 filled rows of 1,024 tokens, flex attention): 44,411 MB on an H100
     with dsnb's grouped heads, 47,097 with transformers' copies (throughput_levers.py now and repeatkv, gqa_h100.md):
-    within 1%, and the copies' bytes are the difference. The 1B shape's 32 heads were never copied."""
+    within 1%, and the copies' bytes are the difference. The 1B shape's 32 heads were never copied. Without the logits
+    as a compiled output (loop.loss_only), 35,495 MB: within 1%, and the outputs' bytes the difference."""
     from types import SimpleNamespace
 
-    from dsnb.estimate import kv_copies
+    from dsnb.estimate import kv_copies, logits_outputs
     from dsnb.model import SHAPES
 
     shape = SimpleNamespace(**B3, head_dim=128)
     cfg = RunConfig(quantization="none", dtype="bf16", padding="filled", max_length=1024, batch_size=12, grad_accum=1,
                     torch_compile=True, attention="flex")
     est = estimate_memory(cfg, shape, trainable_params(cfg, shape), 12 * 1024, 1, 1024)["est_peak_gpu_mb"]
-    assert est == pytest.approx(44411, rel=0.01)
+    # Made with the logits a compiled output, which dsnb's loop no longer makes (loop.loss_only): 35,495 MB without
+    # them on an H100 (loss_only_h100.md), 44,409 with them in the same call
+    assert est == pytest.approx(35495, rel=0.01)
+    outputs = logits_outputs(cfg, shape, 12 * 1024) / 2**20
+    assert est + outputs == pytest.approx(44411, rel=0.01) and outputs == pytest.approx(44409 - 35495, rel=0.02)
     copies_mb = kv_copies(cfg, shape) * 12 * 1024 * shape.num_hidden_layers * 2 / 2**20
     assert copies_mb == pytest.approx(47097 - 44411, rel=0.01)
     one_b = SimpleNamespace(**SHAPES["llama-3.2-1b"], head_dim=64)
@@ -251,7 +258,7 @@ def test_zero2_counts_its_reduce_buckets_where_they_outweigh_the_logits():
     with it)."""
     from types import SimpleNamespace
 
-    from dsnb.estimate import REDUCE_BUCKET
+    from dsnb.estimate import REDUCE_BUCKET, logits_outputs
     from dsnb.model import SHAPES
 
     shape = SimpleNamespace(**SHAPES["llama-3.2-3b"])
@@ -274,7 +281,9 @@ def test_zero2_counts_its_reduce_buckets_where_they_outweigh_the_logits():
     # Compiled, the hooks that fill them fire after the backward has freed its activations, or not at all (the flat
     # step): zero_flat*.jsonl peaked level with no DeepSpeed
     compiled = one.replace(torch_compile=True)
-    assert gpu_mb(compiled, short) == pytest.approx(gpu_mb(compiled.replace(strategy="baseline"), short), abs=100)
+    plain = compiled.replace(strategy="baseline")  # measured with the logits a compiled output (loop.loss_only)
+    assert gpu_mb(compiled, short) == pytest.approx(
+        gpu_mb(plain, short) + logits_outputs(plain, shape, short) / MB, abs=100)
     # On the CPU the buckets' untouched pages are not resident: nothing is added
     assert gpu_mb(offload, short, on_gpu=False) == pytest.approx(gpu_mb(base, short, on_gpu=False), abs=100)
 
