@@ -54,6 +54,9 @@ FILE_RUNS = [
 ]
 BUDGETS_GB = (12, 14.7, 15, 22, 24, 40, 48, 80, 139.8)  # GPU budgets each run is judged against (T4, L4, A100, H100..)
 RAM_GB = (12.7, 29, 64, 128, 256)  # host RAM budgets (Colab's, Kaggle's, ...)
+# Sources measured with dsnb's compiled loop returning only its loss (loop.loss_only, 2026-12-07 on): estimated as
+# today's code. Every listed run before it is estimated with the logits a compiled output (estimate.logits_outputs).
+LOSS_ONLY_ERA: set = set()
 TOLERANCE = 0.05  # measured speeds within this of each other are the same, for the ranking (the runs' spread)
 
 
@@ -109,7 +112,8 @@ def row(name, source, cfg, status, gpu, host, step_ms) -> dict:
     if status != "FINISHED":
         why = f"ran out of memory in its {cfg.memory_budget_gb:g} GB cap (what it reached, not a peak): judged for fits"
     return dict(name=name, source=source, cfg=cfg, status=status, gpu=gpu, host=host,
-                step=step_ms / 1000 if step_ms else None, estimate=estimate(cfg, T.copied_kv(source, name)),
+                step=step_ms / 1000 if step_ms else None,
+                estimate=estimate(cfg, T.copied_kv(source, name), source not in LOSS_ONLY_ERA),
                 stale=stale, why=why)
 
 

@@ -138,7 +138,7 @@ def main():
         cfg = RunConfig.layered({"model": f"synthetic:{shape_name}", "dataset": "synthetic", "prompt": "eos",
                                  **changes})
         data = build_dataset(cfg, tokenizer)
-        with runs_made_before_loss_only():  # every row's run: its compiled graph output the logits
+        with runs_made_before_loss_only():  # every row's run (all before loop.loss_only): the logits an output
             est = estimate_memory(cfg, shape, trainable_params(cfg, shape), tokens_per_micro_batch(cfg, data), gpus,
                                   row_length(cfg, data))["est_peak_gpu_mb"]
         note = STALE.get((name, shape_name), "")

@@ -207,6 +207,7 @@ fp8head|levers)  # levers: any throughput_levers.py levers side by side (LEVERS=
   # after LIMIT s (default 420: fp8head's cold compile on a new H100 took more than 260 s; on an H200 an fp8 lever's
   # run took 170-190 s from start to end, bf16's 114: fp8_accum_h200.md); the device call's own limit must cover them
   prebuild synthetic:llama-3.2-3b
+  [ "$stage" = levers ] && [ -z "${LEVERS:-}" ] && { echo "levers: set LEVERS (throughput_levers.py's levers)"; continue; }
   for lever in ${LEVERS:-now fp8head}; do
     lever "$lever" "${LIMIT:-420}"
   done
@@ -218,7 +219,7 @@ fp8head|levers)  # levers: any throughput_levers.py levers side by side (LEVERS=
     grep -rlE "def triton_(poi|red|per)_fused.*(cos|rsqrt|pow_sum|silu)" /tmp/inductor_lever_$lever --include=*.py |
       head -40 | xargs -r cp -t "$OUT/kernels_$lever"
   fi
-  dump fp8head
+  dump "$stage"
   ;;
 chunkloss)  # the loss chunked (loss_chunk 1024, dsnb/loss.py) against whole logits, each run a fresh process:
   # PARTS=throughput: the throughput mode, levers now and chunk (throughput_levers.py), each from a cold compile cache;

@@ -4,18 +4,22 @@
 
 Each kernel of the "By GPU time" table is put in one category by its name: cuBLAS's matmuls (nvjet, gemm, split-K
 reductions), flex attention, rotary (inductor's kernels that compute cos and sin, or look them up: `index_mul_neg`),
-RMSNorm (rsqrt, pow_sum), SiLU, the loss (softmax, nll), LoRA's dropout masks (dsnb's `keep`), copies and fills, and
-the other Triton kernels; any other is "uncategorized". Prints one line a file: the milliseconds of each category in
+RMSNorm (rsqrt, pow_sum), SiLU, the loss (softmax, nll), LoRA's dropout masks (dsnb's `keep`), copies and fills,
+the optimizer's step and the clipping's norms, the other Triton kernels and torch's other kernels; any other is
+"uncategorized". Prints one line a file: the milliseconds of each category in
 the profiled step (of the kernels its table lists: a long table is cut at its top rows, under the step's stated total).
 """
 import re
 import sys
 
 CATEGORIES = [("matmul", r"^nvjet|gemm|splitKreduce"), ("flex attention", r"flex_attention"),
-              ("sdpa attention", r"_sdpa_|flash|fmha"),
+              ("sdpa attention", r"_sdpa_|flash|fmha|cudnn::fusion"),
               ("rotary", r"_cos_|_sin_|mul_neg"), ("rmsnorm", r"rsqrt|pow_sum"), ("silu", r"silu"),
               ("loss", r"softmax|nll_loss"), ("dropout masks", r"^keep$"),
-              ("copies and fills", r"^(Memcpy|Memset|void)"), ("other triton", r"^triton_")]
+              ("copies and fills", r"^(Memcpy|Memset)|FillFunctor"),
+              ("optimizer and clipping", r"multi_tensor_apply|Adam|LpNorm|foreach"),
+              ("other triton", r"^triton_"), ("other torch", r"^void at::native::")]
+COLUMNS = 10  # the numbers after a kernel's name in torch's table: CPU %, CPU, ..., CUDA time avg, calls
 
 
 def milliseconds(cell: str) -> float | None:
@@ -25,13 +29,16 @@ def milliseconds(cell: str) -> float | None:
 
 def kernels(text: str) -> list[tuple[str, float]]:
     """(name, ms) of each kernel in a profile's "By GPU time" table; torch's own ops (aten::) and annotations (a
-    compiled graph's ##, the optimizer's step#) are left out, since their kernels are listed too."""
+    compiled graph's ##, the optimizer's step#) are left out, since their kernels are listed too. A name is the text
+    before the table's ten number columns (a CUDA kernel's holds spaces)."""
     rows = []
     for line in text.split("By host time")[0].splitlines():
         cells = line.split()
-        if len(cells) >= 11 and not cells[0].startswith(("##", "aten::", "Name")) and "#" not in cells[0] \
-                and milliseconds(cells[-5]):
-            rows.append((cells[0], milliseconds(cells[-5])))
+        if len(cells) <= COLUMNS or milliseconds(cells[-5]) is None:
+            continue
+        name = " ".join(cells[:-COLUMNS])
+        if not name.startswith(("##", "aten::", "Name")) and "#" not in name and milliseconds(cells[-5]):
+            rows.append((name, milliseconds(cells[-5])))
     return rows
 
 

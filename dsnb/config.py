@@ -203,7 +203,9 @@ class RunConfig:
     loss_chunk: int = 0
     """Tokens at a time of the training loss: the LM head and cross-entropy run chunk by chunk, each chunk's gradients
     made at once, so a step never holds the logits of its whole micro-batch (measured on an H100: 10.6 GB less for
-    12,288 tokens of Llama 3's 128k vocabulary, speed within 0.5% in bf16; benchmarks/results/chunkloss_h100.md). In
+    12,288 tokens of Llama 3's 128k vocabulary, speed within 0.5% in bf16; benchmarks/results/chunkloss_h100.md,
+    against a compiled loop whose graph output the logits: dsnb's returns only the loss since, which the estimate puts
+    at 1.7 GB more than chunked there, not measured; loss_only_h100.md). In
     the compiled loop a micro-batch of one chunk gains little (fp16, 1,024 tokens: 250 MB less at the same speed). The
     loss and gradients are the model's own within rounding (dsnb/loss.py; in fp16 each chunk's logits are made twice).
     0 keeps the model's own loss over whole logits. Needs a Llama, Mistral or Qwen 2/3 model, a strategy other than

@@ -31,8 +31,9 @@ whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% o
                grouped key/value heads when the count was fitted (kv_copies); with 8-bit weights (1.6 h + i)
                half-precision elements that bitsandbytes keeps. Logits: V x (2 + 4 + 4) bytes per token (logits,
                their fp32 upcast for the loss, its gradient), V x (2 + 2) compiled (inductor fuses the upcast into
-               the log-softmax), less V x 3 x 2 in dsnb's compiled loop without DeepSpeed, whose graph no longer
-               outputs the logits (logits_outputs: the fits were made with them).
+               the log-softmax), less three copies of the logits in the compute dtype (two without CUDA graphs)
+               in dsnb's compiled loop without DeepSpeed, whose graph no longer outputs them (logits_outputs: the
+               fits were made with them; the logits' term goes below zero there, the layers' term holding the rest).
                Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without.
                With loss_chunk, less what chunking frees, one chunk's and the hidden states' gradient (logits_bytes)
   ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
@@ -104,7 +105,8 @@ ALLOCATOR_FLOOR_MB = 64  # what the allocator holds whatever the model: cuBLAS w
 LIVE_PARAMETERS = 1e9  # elements: DeepSpeed's stage3_max_live_parameters default
 # Chunking the loss (loss_chunk) of a compiled half-precision step, fitted to the H100's runs (chunkloss_h100.md; in
 # sample: no other run checks them): it frees 8 bytes a token and vocabulary entry, where the whole-logits term above
-# counts 2 x 2 (the layers' term, fitted beside it, holds the rest; which tensors inductor keeps is not measured). From
+# counts 2 x 2 (the layers' term, fitted beside it, holds the rest; which tensors inductor keeps is not measured);
+# those runs' whole logits were a graph output, whose 3 x 2 dsnb's loop no longer holds (LOGITS_OUTPUT_COPIES). From
 # the bf16 pairs at 12,288 tokens (1B and 3B shapes: 10.6 GB each, 7.9 a token and entry with a chunk's 10) and 12
 # against 24 rows chunked (3B: 8.0, the estimate's own per-token terms for the rest). A chunk holds 10 (the 3B pair:
 # 9-11, as the whole-logits peak is taken measured or estimated). In fp16 the chunked loss makes a chunk's gradients in
@@ -149,7 +151,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     held = held_bytes(cfg, config, trainable, world_size, weights, load_bytes, on_gpu)
     per_token_layer = layer_activations(cfg, config) * act_bytes + (
         (EIGHT_BIT_EXTRA * h + inter) * 2 if cfg.quantization == "8bit" else 0)
-    logits = logits_bytes(cfg, config, tokens_per_micro_batch, act_bytes)
+    logits = logits_bytes(cfg, config, tokens_per_micro_batch, act_bytes, on_gpu)
     # The attention mask of a padded (or packed) row is rows x length x length: nothing at 512 tokens, the whole machine
     # at 100,000 (measured on the CPU: 9 bytes per element of it, fp32, SDPA).
     activations = tokens_per_micro_batch * (layers * per_token_layer + MASK_BYTES * row_length) + logits
@@ -179,7 +181,7 @@ def activation_bytes(cfg: RunConfig) -> int:
     return 4 if cfg.dtype == "fp32" else 2
 
 
-def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
+def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int, on_gpu: bool = True) -> float:
     """What the loss holds through a micro-batch's backward: the whole logits (the fitted terms above), or with
     loss_chunk (dsnb/loss.py) that less what chunking was measured to free, plus one chunk's logits and gradient and
     what the chunks leave for the backward: the hidden states' gradient and, where the head trains, its weight's in
@@ -187,7 +189,8 @@ def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
     vocab = config.vocab_size
     whole = 2 * act_bytes if cfg.torch_compile else act_bytes + 8
     if not cfg.loss_chunk:
-        return tokens * vocab * whole - logits_outputs(cfg, config, tokens)
+        # Below zero in dsnb's compiled loop (2 x 2 - 3 x 2 in bf16): the layers' fitted term holds the rest
+        return tokens * vocab * whole - logits_outputs(cfg, config, tokens, on_gpu)
     freed, chunk = whole, 4 + (act_bytes if act_bytes < 4 else 0)  # eager: the terms above (bf16 or fp16 logits,
     # their fp32 upcast and its gradient); a chunk's fp32 logits, their gradient in place, and it in the compute dtype
     if cfg.torch_compile and act_bytes == 2:
@@ -197,14 +200,15 @@ def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int) -> float:
             + tokens * config.hidden_size * act_bytes + head_grad)
 
 
-def logits_outputs(cfg: RunConfig, config, tokens: int) -> float:
+def logits_outputs(cfg: RunConfig, config, tokens: int, on_gpu: bool = True) -> float:
     """Bytes the fitted terms hold for the logits as a compiled graph's output (LOGITS_OUTPUT_COPIES), which dsnb's
     compiled loop without DeepSpeed no longer makes (loop.loss_only); 0 where the logits still are one (the eager
-    Trainer, DeepSpeed's engine) or are never made whole (loss_chunk). The runs measured before are estimated with them
-    added back (benchmarks/advise_vs_measured.py)."""
+    Trainer, DeepSpeed's engine) or are never made whole (loss_chunk). Without CUDA graphs (cuda_graphs false, or the
+    CPU) one copy fewer. loop.loss_only also keeps the logits an output under label smoothing or a compute_loss_func,
+    which dsnb never sets. The runs measured before are estimated with them (runs_made_before_loss_only)."""
     if not cfg.torch_compile or cfg.zero_stage is not None or cfg.loss_chunk or not LOSS_ONLY[0]:
         return 0.0
-    copies = LOGITS_OUTPUT_COPIES if cfg.cuda_graphs else LOGITS_OUTPUT_COPIES - 1
+    copies = LOGITS_OUTPUT_COPIES if cfg.cuda_graphs and on_gpu else LOGITS_OUTPUT_COPIES - 1
     return tokens * config.vocab_size * copies * activation_bytes(cfg)
 
 

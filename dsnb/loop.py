@@ -146,11 +146,19 @@ def rotary_tables(model, rows: int) -> contextlib.ExitStack:
     1.025x the step, benchmarks/results/rope_table_h100.md) instead of once. A table holds the values the module
     computes (positions times its inv_freq, in fp32, cos and sin times its attention scaling), so each lookup is the
     same number bit for bit.
-    Uncompiled calls, rows longer than the table and rotary types whose frequencies move with the length (dynamic,
-    longrope) keep the module's own forward."""
+    Uncompiled calls, rows longer than the table, positions not of shape (rows, length) and rotary types whose
+    frequencies move with the length (dynamic, longrope) keep the module's own forward."""
+    stack = contextlib.ExitStack()
+    with contextlib.ExitStack() as undo:  # a failure part way puts back the modules already changed
+        undo.push(stack)
+        add_tables(model, rows, stack)
+        undo.pop_all()
+    return stack
+
+
+def add_tables(model, rows: int, stack: contextlib.ExitStack) -> None:
     import torch
 
-    stack = contextlib.ExitStack()
     for module in model.modules():
         if getattr(module, "rope_type", None) not in TABLE_ROPE or not isinstance(
                 getattr(module, "inv_freq", None), torch.Tensor) or "forward" in vars(module):
@@ -165,14 +173,15 @@ def rotary_tables(model, rows: int) -> contextlib.ExitStack:
         own = module.forward
 
         def lookup(x, position_ids, *args, module=module, own=own, **kwargs):
-            longer = position_ids.shape[-1] > module.cos_table.shape[0]  # a row's positions count 0 up within it
+            # dsnb's collators count a row's positions from 0 within it (data.py), so a row no longer than the table
+            # stays inside it; positions of another shape (several sections, as multimodal rotary has) are not rows
+            longer = position_ids.ndim != 2 or position_ids.shape[-1] > module.cos_table.shape[0]
             if not torch.compiler.is_compiling() or longer or args or kwargs:
                 return own(x, position_ids, *args, **kwargs)
             return module.cos_table[position_ids].to(x.dtype), module.sin_table[position_ids].to(x.dtype)
 
         module.forward = lookup
         stack.callback(forget_table, module)
-    return stack
 
 
 def forget_table(module) -> None:

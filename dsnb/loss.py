@@ -6,8 +6,9 @@ time, so a step never holds the whole logits.
 
 A causal LM's own forward makes logits for every token (tokens x V, V = 128,256 for Llama 3), upcasts them to fp32 for
 the cross-entropy and keeps both for the backward: 10 bytes a token and vocabulary entry in the HF Trainer's eager step,
-about 8 in dsnb's compiled one (estimate.py). On the throughput mode's 12,288 tokens a micro-batch, chunking freed
-10.6 GB (benchmarks/results/chunkloss_h100.md). Here the
+about 8 in dsnb's compiled one as it was (estimate.py). On the throughput mode's 12,288 tokens a micro-batch, chunking
+freed 10.6 GB (benchmarks/results/chunkloss_h100.md). dsnb's compiled loop has returned only the loss since
+(loop.loss_only), which frees 6 of those 8 bytes; chunking's gain over it is estimated, not measured. Here the
 forward runs the model to its last hidden state, then for each chunk of tokens: the head's logits, their fp32
 log-sum-exp and the loss of the labelled tokens, and at once the gradient of that loss to the chunk's hidden state
 (softmax minus the label's one-hot, over the step's label count, through the head's weight) and, where the head trains,

@@ -161,6 +161,11 @@ def test_flex_attention_holds_no_copies_of_grouped_key_value_heads():
     assert est == pytest.approx(35495, rel=0.01)
     outputs = logits_outputs(cfg, shape, 12 * 1024) / 2**20
     assert est + outputs == pytest.approx(44411, rel=0.01) and outputs == pytest.approx(44409 - 35495, rel=0.02)
+    # without CUDA graphs (or on the CPU) there is no graphs' copy of the zero gradient: two copies, not three
+    assert logits_outputs(cfg.replace(cuda_graphs=False), shape, 12 * 1024) == pytest.approx(outputs * 2**20 * 2 / 3)
+    assert logits_outputs(cfg, shape, 12 * 1024, on_gpu=False) == pytest.approx(outputs * 2**20 * 2 / 3)
+    deepspeed, chunked = cfg.replace(strategy="zero2", attention="sdpa"), cfg.replace(loss_chunk=1024)
+    assert logits_outputs(deepspeed, shape, 1) == logits_outputs(chunked, shape, 1) == 0
     copies_mb = kv_copies(cfg, shape) * 12 * 1024 * shape.num_hidden_layers * 2 / 2**20
     assert copies_mb == pytest.approx(47097 - 44411, rel=0.01)
     one_b = SimpleNamespace(**SHAPES["llama-3.2-1b"], head_dim=64)
