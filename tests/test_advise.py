@@ -51,7 +51,7 @@ def test_the_tutorials_shape_is_advised_for_a_t4_two_t4s_and_an_h200_in_under_a_
 def test_a_variant_its_whole_logits_keep_off_the_gpu_is_offered_with_its_loss_chunked():
     """The throughput mode with 30 rows of 1,024 tokens on an H100: whole logits need more than the GPU, the loss
     chunked fits (24 rows chunked measured 65.5 GB, chunkloss_h100.md; 24 rows of whole logits are estimated to fit,
-    65.0 GB, since the compiled loop's graph stopped outputting them, loop.loss_only: not measured), and advise offers
+    63.5 GB, since the compiled loop's graph stopped outputting them, loop.loss_only: not measured), and advise offers
     that, with the command that runs it; full
     fine-tuning, too big either way, is offered only as it is."""
     from dsnb.bench import bench_configs
