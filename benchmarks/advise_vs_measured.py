@@ -7,7 +7,6 @@ The runs are benchmarks/time_vs_measured.py's (every listing of h200_runs/ and h
 from the command that made it; repeats of one variant in one listing pooled) and the runs only the results files
 hold. A run measured by code since replaced is listed with the reason and left out of the figures (SUPERSEDED).
 """
-import contextlib
 import functools
 import os
 import statistics
@@ -19,7 +18,7 @@ import time_vs_measured as T  # noqa: E402  (this folder's sibling script: the r
 from dsnb.advise import FIT_MARGIN, Machine, advise, judge  # noqa: E402
 from dsnb.config import RunConfig  # noqa: E402
 from dsnb.data import build_dataset  # noqa: E402
-from dsnb.estimate import (MB, activation_bytes, estimate_memory, kv_copies, row_length, runs_made_before_loss_only,  # noqa: E402
+from dsnb.estimate import (MB, activation_bytes, estimate_memory, kv_copies, row_length,  # noqa: E402
                            tokens_per_micro_batch, trainable_params)
 from dsnb.model import load_tokenizer  # noqa: E402
 
@@ -77,8 +76,8 @@ def estimate(cfg: RunConfig, copied_kv: bool = False, logits_out: bool = True) -
     estimate takes away (estimate.logits_outputs): estimated as they were made."""
     config, data = T.CONFIG(cfg.model), masks(cfg.num_samples, cfg.max_length, cfg.prompt)
     tokens = tokens_per_micro_batch(cfg, data)
-    with runs_made_before_loss_only() if logits_out else contextlib.nullcontext():
-        est = estimate_memory(cfg, config, trainable_params(cfg, config), tokens, cfg.num_gpus, row_length(cfg, data))
+    est = estimate_memory(cfg, config, trainable_params(cfg, config), tokens, cfg.num_gpus, row_length(cfg, data),
+                          logits_output=logits_out)
     copies = kv_copies(cfg, config) * tokens * config.num_hidden_layers * activation_bytes(cfg) / MB if copied_kv else 0
     return {**est, "est_activations_mb": est["est_activations_mb"] + copies,
             "est_peak_gpu_mb": est["est_peak_gpu_mb"] + copies}

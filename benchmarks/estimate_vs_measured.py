@@ -10,8 +10,7 @@ from transformers import LlamaConfig
 from dsnb.bench import bench_variants
 from dsnb.config import RunConfig
 from dsnb.data import build_dataset
-from dsnb.estimate import (estimate_memory, row_length, runs_made_before_loss_only, tokens_per_micro_batch,
-                           trainable_params)
+from dsnb.estimate import estimate_memory, row_length, tokens_per_micro_batch, trainable_params
 from dsnb.model import SHAPES, load_tokenizer
 
 VARIANTS = bench_variants()[1]  # dsnb/bench.yaml
@@ -138,9 +137,9 @@ def main():
         cfg = RunConfig.layered({"model": f"synthetic:{shape_name}", "dataset": "synthetic", "prompt": "eos",
                                  **changes})
         data = build_dataset(cfg, tokenizer)
-        with runs_made_before_loss_only():  # every row's run (all before loop.loss_only): the logits an output
-            est = estimate_memory(cfg, shape, trainable_params(cfg, shape), tokens_per_micro_batch(cfg, data), gpus,
-                                  row_length(cfg, data))["est_peak_gpu_mb"]
+        # every row's run was made before loop.loss_only: its compiled graph output the logits
+        est = estimate_memory(cfg, shape, trainable_params(cfg, shape), tokens_per_micro_batch(cfg, data), gpus,
+                              row_length(cfg, data), logits_output=True)["est_peak_gpu_mb"]
         note = STALE.get((name, shape_name), "")
         errors += [] if note else [est / measured - 1]
         print(f"| {name} | {shape_name} | {gpus} | {est:,.0f} | {measured:,} | {est / measured - 1:+.1%} | {source} | "

@@ -72,7 +72,6 @@ machine add up.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 
@@ -115,6 +114,8 @@ LIVE_PARAMETERS = 1e9  # elements: DeepSpeed's stage3_max_live_parameters defaul
 # states' 6 MB gradient, 244.5; its fp16 logits and their fp32 upcast would count 6, not measured). In sample, and the
 # only fp16 pair: what fp16 frees over several chunks is taken as bf16's, unmeasured.
 COMPILED_LOGITS_FREED = 8
+COMPILED_CHUNK = 10
+COMPILED_CHUNK_FP16 = 6
 # dsnb's compiled loop without DeepSpeed compiles a model that returns only its loss (loop.loss_only). Before, the
 # logits were a graph output: the output itself, a zero gradient for it each step and, under CUDA graphs, that
 # gradient's copy into the graphs' own buffer, each a token and vocabulary entry in the compute dtype, which the fits
@@ -122,27 +123,15 @@ COMPILED_LOGITS_FREED = 8
 # 35,495 without, 5.93 bytes a token and entry; benchmarks/results/loss_only_h100.md): 3 copies with CUDA graphs; 2
 # without them (the third is the graphs' copy), not measured.
 LOGITS_OUTPUT_COPIES = 3
-LOSS_ONLY = [True]  # False inside runs_made_before_loss_only()
-
-
-@contextlib.contextmanager
-def runs_made_before_loss_only():
-    """Estimates as the compiled loop was when the committed GPU runs were measured: its graph output the logits
-    (logits_outputs counts nothing). benchmarks/advise_vs_measured.py and estimate_vs_measured.py estimate them so."""
-    LOSS_ONLY[0] = False
-    try:
-        yield
-    finally:
-        LOSS_ONLY[0] = True
-COMPILED_CHUNK = 10
-COMPILED_CHUNK_FP16 = 6
 MASK_BYTES = 10  # per element of a row's length x length attention mask (measured 9 on the CPU: synthetic:tiny, fp32)
 
 
 def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_batch: int,
-                    world_size: int = 1, row_length: int = 0, on_gpu: bool = True) -> dict:
+                    world_size: int = 1, row_length: int = 0, on_gpu: bool = True, logits_output: bool = False) -> dict:
     """The terms above for one process; row_length: the longest row's tokens (its attention mask grows with its
-    square); on_gpu False: a CPU-only run, whose host RAM holds everything the GPU estimate counts too. The peak is
+    square); on_gpu False: a CPU-only run, whose host RAM holds everything the GPU estimate counts too;
+    logits_output: as the compiled loop was before it returned only the loss (the committed GPU runs were measured so;
+    logits_outputs). The peak is
     the largest of three moments: a backward (activations alive, gradients arriving), the optimizer's step (the
     activations gone, its transient copies made) and, under ZeRO-1/2, the start (the weights copied flat)."""
     h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
@@ -151,7 +140,7 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     held = held_bytes(cfg, config, trainable, world_size, weights, load_bytes, on_gpu)
     per_token_layer = layer_activations(cfg, config) * act_bytes + (
         (EIGHT_BIT_EXTRA * h + inter) * 2 if cfg.quantization == "8bit" else 0)
-    logits = logits_bytes(cfg, config, tokens_per_micro_batch, act_bytes, on_gpu)
+    logits = logits_bytes(cfg, config, tokens_per_micro_batch, act_bytes, on_gpu, logits_output)
     # The attention mask of a padded (or packed) row is rows x length x length: nothing at 512 tokens, the whole machine
     # at 100,000 (measured on the CPU: 9 bytes per element of it, fp32, SDPA).
     activations = tokens_per_micro_batch * (layers * per_token_layer + MASK_BYTES * row_length) + logits
@@ -181,7 +170,8 @@ def activation_bytes(cfg: RunConfig) -> int:
     return 4 if cfg.dtype == "fp32" else 2
 
 
-def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int, on_gpu: bool = True) -> float:
+def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int, on_gpu: bool = True,
+                 logits_output: bool = False) -> float:
     """What the loss holds through a micro-batch's backward: the whole logits (the fitted terms above), or with
     loss_chunk (dsnb/loss.py) that less what chunking was measured to free, plus one chunk's logits and gradient and
     what the chunks leave for the backward: the hidden states' gradient and, where the head trains, its weight's in
@@ -190,7 +180,7 @@ def logits_bytes(cfg: RunConfig, config, tokens: int, act_bytes: int, on_gpu: bo
     whole = 2 * act_bytes if cfg.torch_compile else act_bytes + 8
     if not cfg.loss_chunk:
         # Below zero in dsnb's compiled loop (2 x 2 - 3 x 2 in bf16): the layers' fitted term holds the rest
-        return tokens * vocab * whole - logits_outputs(cfg, config, tokens, on_gpu)
+        return tokens * vocab * whole - (0 if logits_output else logits_outputs(cfg, config, tokens, on_gpu))
     freed, chunk = whole, 4 + (act_bytes if act_bytes < 4 else 0)  # eager: the terms above (bf16 or fp16 logits,
     # their fp32 upcast and its gradient); a chunk's fp32 logits, their gradient in place, and it in the compute dtype
     if cfg.torch_compile and act_bytes == 2:
@@ -205,8 +195,8 @@ def logits_outputs(cfg: RunConfig, config, tokens: int, on_gpu: bool = True) -> 
     compiled loop without DeepSpeed no longer makes (loop.loss_only); 0 where the logits still are one (the eager
     Trainer, DeepSpeed's engine) or are never made whole (loss_chunk). Without CUDA graphs (cuda_graphs false, or the
     CPU) one copy fewer. loop.loss_only also keeps the logits an output under label smoothing or a compute_loss_func,
-    which dsnb never sets. The runs measured before are estimated with them (runs_made_before_loss_only)."""
-    if not cfg.torch_compile or cfg.zero_stage is not None or cfg.loss_chunk or not LOSS_ONLY[0]:
+    which dsnb never sets. The runs measured before are estimated with them (estimate_memory's logits_output)."""
+    if not cfg.torch_compile or cfg.zero_stage is not None or cfg.loss_chunk:
         return 0.0
     copies = LOGITS_OUTPUT_COPIES if cfg.cuda_graphs and on_gpu else LOGITS_OUTPUT_COPIES - 1
     return tokens * config.vocab_size * copies * activation_bytes(cfg)

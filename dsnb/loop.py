@@ -149,10 +149,11 @@ def rotary_tables(model, rows: int) -> contextlib.ExitStack:
     Uncompiled calls, rows longer than the table, positions not of shape (rows, length) and rotary types whose
     frequencies move with the length (dynamic, longrope) keep the module's own forward."""
     stack = contextlib.ExitStack()
-    with contextlib.ExitStack() as undo:  # a failure part way puts back the modules already changed
-        undo.push(stack)
+    try:
         add_tables(model, rows, stack)
-        undo.pop_all()
+    except BaseException:  # a failure part way puts back the modules already changed
+        stack.close()
+        raise
     return stack
 
 
