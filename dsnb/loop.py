@@ -143,11 +143,13 @@ def rotary_tables(model, rows: int) -> contextlib.ExitStack:
 
     Compiled on a GPU, inductor computes cos and sin of every position inside each kernel that applies rotary (every
     layer's queries and keys, forward and backward: 14.5 ms of the 3B throughput step on an H100, 5.6 with the table;
-    1.025x the step, benchmarks/results/rope_table_h100.md) instead of once. A table holds the values the module
-    computes (positions times its inv_freq, in fp32, cos and sin times its attention scaling), so each lookup is the
-    same number bit for bit.
-    Uncompiled calls, rows longer than the table, positions not of shape (rows, length) and rotary types whose
-    frequencies move with the length (dynamic, longrope) keep the module's own forward."""
+    1.025x the step, benchmarks/results/rope_table_h100.md) instead of once. A table holds the values Llama's rotary
+    computes (positions times its inv_freq, in fp32, both halves alike, cos and sin times its attention scaling, cast
+    to the input's dtype), and a module gets one only where its own eager forward returns exactly the table's numbers,
+    dtype and shape for every position of the table in fp32, bf16 and fp16 (table_matches): a rotary that lays out
+    or casts its frequencies otherwise (Cohere interleaves them, OLMo 2 keeps fp32, Llama 4 returns complex numbers)
+    keeps its own forward. Uncompiled calls, rows longer than the table, positions not of shape (rows, length) and
+    rotary types whose frequencies move with the length (dynamic, longrope) keep the module's own forward too."""
     stack = contextlib.ExitStack()
     try:
         add_tables(model, rows, stack)
@@ -168,10 +170,14 @@ def add_tables(model, rows: int, stack: contextlib.ExitStack) -> None:
             freqs = torch.arange(rows, device=module.inv_freq.device, dtype=torch.float)[:, None] * \
                 module.inv_freq.float()
             angles = torch.cat((freqs, freqs), dim=-1)
-        scale = getattr(module, "attention_scaling", 1.0)
-        module.register_buffer("cos_table", angles.cos() * scale, persistent=False)
-        module.register_buffer("sin_table", angles.sin() * scale, persistent=False)
+            scale = getattr(module, "attention_scaling", 1.0)
+            cos, sin = angles.cos() * scale, angles.sin() * scale
         own = module.forward
+        if not table_matches(own, cos, sin):
+            continue
+        module.register_buffer("cos_table", cos, persistent=False)
+        module.register_buffer("sin_table", sin, persistent=False)
+        stack.callback(forget_table, module)
 
         def lookup(x, position_ids, *args, module=module, own=own, **kwargs):
             # dsnb's collators count a row's positions from 0 within it (data.py), so a row no longer than the table
@@ -182,11 +188,32 @@ def add_tables(model, rows: int, stack: contextlib.ExitStack) -> None:
             return module.cos_table[position_ids].to(x.dtype), module.sin_table[position_ids].to(x.dtype)
 
         module.forward = lookup
-        stack.callback(forget_table, module)
+
+
+def table_matches(own, cos, sin) -> bool:
+    """Whether a rotary module's own forward returns, for positions 0..rows-1 of one row and an input in each compute
+    dtype, a (cos, sin) pair equal to the tables' lookup in value, dtype and shape."""
+    import torch
+
+    positions = torch.arange(cos.shape[0], device=cos.device)[None]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.zeros(1, 1, cos.shape[0], cos.shape[1], dtype=dtype, device=cos.device)
+        try:
+            with torch.no_grad():
+                out = own(x, positions)
+        except Exception:  # a forward that wants other inputs is no rotary of Llama's kind
+            return False
+        if not (isinstance(out, tuple | list) and len(out) == 2 and all(
+                isinstance(o, torch.Tensor) and o.dtype == dtype and torch.equal(o, t[positions].to(dtype))
+                for o, t in zip(out, (cos, sin), strict=True))):
+            return False
+    return True
 
 
 def forget_table(module) -> None:
-    del module.forward, module.cos_table, module.sin_table
+    vars(module).pop("forward", None)
+    for name in ("cos_table", "sin_table"):
+        module._buffers.pop(name, None)
 
 
 def loss_only(trainer):
@@ -208,7 +235,8 @@ def loss_only(trainer):
             self.model = model
 
         def forward(self, **inputs):
-            return {"loss": self.model(**inputs)["loss"]}
+            out = self.model(**inputs)  # a tuple where the model's config says return_dict false: the loss first
+            return {"loss": out["loss"] if isinstance(out, dict) else out[0]}
 
     return LossOnly()
 

@@ -578,3 +578,35 @@ def test_the_compiled_step_returns_only_the_loss_and_no_logits_gradient_is_made(
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
     smoothing = Trainer(model=model, args=TrainingArguments(**args, label_smoothing_factor=0.1))
     assert loss_only(smoothing) is model
+
+    class TupleModel(torch.nn.Module):  # a model that returns a tuple, the loss first: the Trainer reads outputs[0]
+        def forward(self, **inputs):
+            return (model(**inputs).loss, None)
+
+    tupled = Trainer(model=TupleModel(), args=TrainingArguments(**args))
+    assert loss_only(tupled)(input_ids=ids, labels=ids)["loss"].item() == whole[0]
+
+
+@pytest.mark.parametrize("arch", ["cohere", "olmo2"])
+def test_a_rotary_that_is_not_llamas_keeps_its_own_forward(arch):
+    """loop.rotary_tables gives a table only to a rotary whose own forward returns the table's numbers: Cohere lays its
+    frequencies out interleaved and OLMo 2 returns fp32 whatever the input, with the same rope_type and inv_freq as
+    Llama's, so a table would change what they train; their compiled step stays the module's own."""
+    import torch
+    import transformers
+
+    from dsnb.loop import rotary_tables
+
+    name = {"cohere": "Cohere", "olmo2": "Olmo2"}[arch]
+    config = getattr(transformers, f"{name}Config")(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=300)
+    model = getattr(transformers, f"{name}ForCausalLM")(config).to(torch.bfloat16)
+    rotary = model.model.rotary_emb
+    assert rotary.rope_type == "default" and isinstance(rotary.inv_freq, torch.Tensor)  # what the table's check saw
+    with rotary_tables(model, 32):
+        assert "forward" not in vars(rotary) and not hasattr(rotary, "cos_table")
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=300)).to(torch.float16)
+    with rotary_tables(llama, 32):  # Llama's own rotary in fp16 gets its table
+        assert llama.model.rotary_emb.cos_table.shape == (32, 16)
