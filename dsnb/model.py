@@ -151,6 +151,75 @@ def model_config(name: str):
     return config.get_text_config()
 
 
+# What dsnb's plan, memory estimate and FLOPs read of a decoder's config, as Llama's names them
+ARCHITECTURE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+
+
+def check_architecture(name: str, config) -> None:
+    """A model whose config names its sizes as Llama's does (Llama, Mistral, Qwen, Gemma, Phi-3, OLMo, Cohere, ...);
+    GPT-2, OPT, Falcon, Bloom, MPT or Mamba name them otherwise, and are refused before anything loads."""
+    missing = [f for f in ARCHITECTURE_FIELDS if not isinstance(getattr(config, f, None), int)]
+    if missing:
+        raise ConfigError(f"{name} (model type {getattr(config, 'model_type', '?')}) has no {', '.join(missing)} in "
+                          "its config: dsnb's plan and memory estimate read a decoder's config as Llama's "
+                          "names it, as Llama, Mistral, Qwen, Gemma, Phi-3, OLMo and Cohere models do; choose such a "
+                          "model")
+
+
+def packing_isolates(config) -> bool:
+    """Whether this architecture keeps the samples of a packed row apart as dsnb's collators pack them (padding packed
+    or filled: position ids restarting at each sample, no attention mask). Transformers makes the block-diagonal mask
+    from the position ids only where the model hands them to its mask (Llama, Qwen, Mistral, Gemma, Phi-3, GPT-2, ...);
+    OPT, Bloom, MPT or BioGPT do not, and Mamba has no attention to mask, so there a packed sample attends to the ones
+    before it. Checked by running it: a one-layer copy of the architecture with random weights, two samples packed in
+    a row against the second alone, in fp32 on the CPU (a second or two for an 8B shape), the caller's random state
+    untouched."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    small = copy.deepcopy(config)
+    small.num_hidden_layers, small.vocab_size = 1, 128
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if hasattr(small, name):
+            setattr(small, name, None)
+    for name in ("num_local_experts", "num_experts", "n_routed_experts"):  # a mixture of experts: two are enough
+        if isinstance(getattr(small, name, None), int) and getattr(small, name) > 2:
+            setattr(small, name, 2)
+            small.num_experts_per_tok = min(getattr(small, "num_experts_per_tok", 1) or 1, 2)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
+        with torch.no_grad():
+            ids = torch.randint(0, 128, (1, 12))
+            first, second = 5, 7
+            positions = torch.cat([torch.arange(first), torch.arange(second)])[None]
+            packed = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, first:]
+            alone = model(input_ids=ids[:, first:], position_ids=torch.arange(second)[None], use_cache=False).logits[0]
+    # fp32 rounding between the two shapes: 5e-6 of logits up to 4.3 (the 3B shape); a sample that sees another:
+    # 0.34 of logits up to 0.71 (OPT)
+    return bool((packed - alone).abs().max() <= 1e-3 * alone.abs().max())
+
+
+def check_packing(cfg: RunConfig, config) -> None:
+    """padding packed or filled only for an architecture that keeps a row's samples apart (packing_isolates)."""
+    if cfg.padding not in ("packed", "filled"):
+        return
+    kind = getattr(config, "model_type", "?")
+    try:
+        apart = packing_isolates(config)
+    except Exception as e:  # a model transformers cannot build from its config alone here
+        raise ConfigError(f"padding {cfg.padding}: could not check that {cfg.model} ({kind}) keeps the samples of a "
+                          f"packed row apart ({type(e).__name__}: {str(e)[:200]}); set padding bucket") from None
+    if not apart:
+        raise ConfigError(f"padding {cfg.padding} puts several samples in a row, kept apart only by position ids "
+                          f"that restart at each sample; {cfg.model} ({kind}) does not read them into its attention "
+                          "mask, so each sample would attend to the ones before it in its row and train on them; set "
+                          "padding bucket (or longest)")
+
+
 def build_synthetic(shape: str, path: str, dims: dict | None = None) -> None:
     """Write a random-init Llama of `shape` (or of `dims`, SHAPES' fields) and dsnb's tokenizer to `path`
     (atomically). Models wider than 1024 are stored in bf16, smaller ones in fp32."""

@@ -17,7 +17,7 @@ from .data import (CLOSED_BOOK, EVAL_SEED, NO_ANSWER, build_dataset, fill_rows, 
 from .estimate import CPU_HOST_ERROR, HOST_ERROR, estimate_memory, row_length, tokens_per_micro_batch, trainable_params
 from .estimate import error_text as estimate_error
 from .evaluate import scoring_mode
-from .model import load_tokenizer, model_config
+from .model import check_architecture, check_packing, load_tokenizer, model_config
 from .timing import describe_time, faster_settings, gpu_class, minutes, pair_estimate, time_estimate
 
 
@@ -93,6 +93,8 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
         recall_rows = [rows[i] for i in sorted(random.Random(EVAL_SEED).sample(range(len(rows)),
                                                                                min(cfg.eval_samples, len(rows))))]
     config = model_config(cfg.model)
+    check_architecture(cfg.model, config)
+    check_packing(cfg, config)
     trainable = trainable_params(cfg, config)
     check_lora_targets(cfg, config, trainable)
     device = preflight.pick_device()

@@ -23,7 +23,7 @@ import uuid
 
 from .config import ConfigError, RunConfig, check_environment, describe, preset_fields, sqlite_path
 from .estimate import disk_mb, estimate_memory, host_ram_mb, stored_bytes, total_params, trainable_params
-from .model import SYNTHETIC_VERSION, cache_dir, model_config, resolve_model, synthetic_shape
+from .model import SYNTHETIC_VERSION, cache_dir, check_architecture, model_config, resolve_model, synthetic_shape
 from .zero import deepcompile_asked, read_ds_config
 
 CPU_ADAM_BUILD_MIN = "2-3"  # measured on the 2-core development machine
@@ -120,6 +120,7 @@ def check(cfg: RunConfig, device: str | None = None) -> None:
     check_cache(cfg)
     if not cfg.model.startswith("synthetic:"):
         resolve_model(cfg.model)  # a missing local folder fails here; synthetic builds wait for the run
+    check_architecture(cfg.model, model_config(cfg.model))
     check_host_ram(cfg, world, device)
     check_disk(cfg)
     _CHECKED.add(key)

@@ -130,3 +130,62 @@ def test_a_local_model_folder_without_a_tokenizer_says_so(tmp_path):
     shutil.copy(f"{source}/tokenizer.json", tmp_path / "tokenizer.json")
     shutil.copy(f"{source}/tokenizer_config.json", tmp_path / "tokenizer_config.json")
     assert load_tokenizer(RunConfig(**dict(OFFLINE, model=str(tmp_path)))).pad_token is not None
+
+
+TINY_DECODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=300)
+
+
+@pytest.mark.parametrize("arch, apart", [("Llama", True), ("Qwen2", True), ("Gemma3Text", True), ("GPT2", True),
+                                         ("OPT", False), ("BioGpt", False), ("Bloom", False)])
+def test_packing_is_checked_by_running_the_architecture(arch, apart):
+    """model.packing_isolates: a sample in a packed row (position ids restarting, no mask) sees the ones before it
+    where the model does not hand its position ids to its mask (OPT, BioGPT, Bloom); the caller's random state is left
+    as it was."""
+    import transformers
+
+    from dsnb.model import packing_isolates
+
+    config = getattr(transformers, f"{arch}Config")(**{k: v for k, v in TINY_DECODER.items()
+                                                       if arch not in ("GPT2", "Bloom") or k == "vocab_size"})
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    torch.manual_seed(7)
+    assert packing_isolates(config) is apart
+    assert torch.equal(torch.rand(3), want)
+
+
+def test_a_model_that_mixes_packed_samples_or_names_its_sizes_otherwise_is_refused_before_it_loads(tmp_path):
+    """`dsnb check` on a local BioGPT (which has Llama's size names but no mask from position ids): padding bucket
+    passes, packed and filled are refused with what to set; a local GPT-2 (n_inner, not intermediate_size) is refused
+    by name, before any weight loads, where the estimate raised AttributeError."""
+    import shutil
+    import subprocess
+    import sys
+
+    import transformers
+
+    from dsnb.model import resolve_model
+
+    tokenizer = resolve_model("synthetic:tiny")
+    for arch, config in (("biogpt", transformers.BioGptConfig(**TINY_DECODER)),
+                         ("gpt2", transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=300))):
+        folder = tmp_path / arch
+        folder.mkdir()
+        (folder / "config.json").write_text(config.to_json_string())  # no weights: check loads none
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(f"{tokenizer}/{name}", folder / name)
+
+    def check(arch, padding):
+        return subprocess.run([sys.executable, "-m", "dsnb", "check", "--offline", "--model", str(tmp_path / arch),
+                               "--quantization", "none", "--padding", padding], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+
+    assert check("biogpt", "bucket").returncode == 0
+    for padding in ("packed", "filled"):
+        done = check("biogpt", padding)
+        assert done.returncode != 0 and f"padding {padding} puts several samples in a row" in done.stderr
+        assert "(biogpt) does not read them into its attention" in done.stderr and "set padding bucket" in done.stderr
+    done = check("gpt2", "bucket")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "(model type gpt2) has no intermediate_size in its config" in done.stderr, done.stderr
