@@ -77,7 +77,7 @@ import random
 
 from .config import RunConfig
 from .data import BUCKET, best_fit, packed_rows
-from .model import grouped_flex
+from .model import grouped_flex, lora_matches, weight_shapes
 from .zero import overlap_comm
 
 MB = 2**20
@@ -412,22 +412,19 @@ def stored_bytes(config) -> int:
 
 
 def trainable_params(cfg: RunConfig, config) -> int:
-    """Trainable parameters from the config alone: every weight for full fine-tuning, r x (in + out) for each
-    matrix a LoRA adapter is put on (Llama-like projections, and the LM head or input embedding where named)."""
-    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or h // heads
-    shapes = {"q_proj": (h, heads * head_dim), "k_proj": (h, kv * head_dim), "v_proj": (h, kv * head_dim),
-              "o_proj": (heads * head_dim, h), "gate_proj": (h, inter), "up_proj": (h, inter),
-              "down_proj": (inter, h)}
+    """Trainable parameters from the config alone (the model built on the meta device, model.weight_shapes): every
+    weight for full fine-tuning, r x (in + out) for each matrix a LoRA adapter is put on (peft's matching: a module's
+    name or its last parts; all-linear: every linear layer but the LM head), r x (rows + width) for an embedding."""
+    shapes = weight_shapes(config)
     if cfg.lora_r == 0:
-        embeddings = config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-        return layers * (sum(i * o for i, o in shapes.values()) + 2 * h) + embeddings + h
-    targets = shapes if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
-    once = {"lm_head": (h, config.vocab_size), "embed_tokens": (config.vocab_size, h)}  # one of each in the model
-    return cfg.lora_r * (layers * sum(sum(shapes[t]) for t in targets if t in shapes)
-                         + sum(sum(once[t]) for t in targets if t in once))
+        return shapes["total"]
+    if cfg.lora_targets == "all-linear":
+        linear = [shape for name, shape in shapes["linear"].items() if name.rsplit(".", 1)[-1] != "lm_head"]
+        return cfg.lora_r * sum(i + o for i, o in linear)
+    targets = [t.strip() for t in cfg.lora_targets.split(",")]
+    matched = [shape for kind in ("linear", "embedding") for name, shape in shapes[kind].items()
+               if lora_matches(name, targets)]
+    return cfg.lora_r * sum(i + o for i, o in matched)
 
 
 def largest_weight(config) -> int:

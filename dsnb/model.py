@@ -166,6 +166,45 @@ def check_architecture(name: str, config) -> None:
                           "model")
 
 
+SHAPES_SEEN: dict = {}  # a config's JSON -> its weights' shapes (weight_shapes), built once a process
+
+
+def weight_shapes(config) -> dict:
+    """The weights a model of this config has, read off the model built on the meta device (no memory, no weights):
+    {"linear": {module name: (in, out)} for every Linear (GPT-2's Conv1D too), "embedding": {name: (rows, width)},
+    "total": every parameter once (tied ones once), "experts": whether some weights are not in a Linear (a mixture of
+    experts' stacked matrices)}. What the estimates and MFU count, whatever the architecture names its layers."""
+    key = config.to_json_string()
+    if key not in SHAPES_SEEN:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(config)
+        linear, embedding, held = {}, {}, set()
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(module, torch.nn.Linear):
+                linear[name] = (module.in_features, module.out_features)
+            elif type(module).__name__ == "Conv1D" and weight is not None:  # GPT-2's: weight is (in, out)
+                linear[name] = tuple(weight.shape)
+            elif isinstance(module, torch.nn.Embedding):
+                embedding[name] = tuple(weight.shape)
+            else:
+                continue
+            held.add(id(weight))
+        stacked = any(p.ndim > 2 and id(p) not in held for p in model.parameters())
+        SHAPES_SEEN[key] = {"linear": linear, "embedding": embedding, "experts": stacked,
+                            "total": sum(p.numel() for p in model.parameters())}
+    return SHAPES_SEEN[key]
+
+
+def lora_matches(name: str, targets) -> bool:
+    """Whether peft's target names (a module's name or its last parts) pick this module."""
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
 def packing_isolates(config) -> bool:
     """Whether this architecture keeps the samples of a packed row apart as dsnb's collators pack them (padding packed
     or filled: position ids restarting at each sample, no attention mask). Transformers makes the block-diagonal mask

@@ -17,7 +17,7 @@ from .data import (CLOSED_BOOK, EVAL_SEED, NO_ANSWER, build_dataset, fill_rows, 
 from .estimate import CPU_HOST_ERROR, HOST_ERROR, estimate_memory, row_length, tokens_per_micro_batch, trainable_params
 from .estimate import error_text as estimate_error
 from .evaluate import scoring_mode
-from .model import check_architecture, check_packing, load_tokenizer, model_config
+from .model import check_architecture, check_packing, load_tokenizer, lora_matches, model_config, weight_shapes
 from .timing import describe_time, faster_settings, gpu_class, minutes, pair_estimate, time_estimate
 
 
@@ -109,17 +109,17 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
                 recall_rows, data, scoring_mode(cfg), [sum(m) for m in samples["attention_mask"]], world)
 
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")  # the architectures whose layer names estimate.py knows
-LAYERS = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
-
-
 def check_lora_targets(cfg: RunConfig, config, trainable: int) -> None:
-    """LoRA's target names match a layer of the model, before it loads (peft says so only once it has loaded)."""
-    targets = {t.strip() for t in cfg.lora_targets.split(",")}
-    if cfg.lora_r and not trainable and getattr(config, "model_type", "") in LLAMA_LIKE and \
-            not targets & {"lm_head", "embed_tokens"}:
-        raise ConfigError(f"lora_targets {cfg.lora_targets!r} names no layer of {cfg.model}; its layers are "
-                          f"{LAYERS} (or all-linear)")
+    """LoRA's target names match a layer of the model, before it loads (peft says so only once it has loaded): the
+    model built on the meta device names its layers (model.weight_shapes), whatever the architecture."""
+    if not cfg.lora_r or cfg.lora_targets == "all-linear":
+        return
+    names = [*weight_shapes(config)["linear"], *weight_shapes(config)["embedding"]]
+    missing = [t.strip() for t in cfg.lora_targets.split(",") if not any(lora_matches(n, [t.strip()]) for n in names)]
+    if missing or not trainable:
+        layers = sorted({name.rsplit(".", 1)[-1] for name in names})
+        raise ConfigError(f"lora_targets {cfg.lora_targets!r}: {', '.join(missing)} names no layer of {cfg.model} "
+                          f"({getattr(config, 'model_type', '?')}); its layers are {', '.join(layers)} (or all-linear)")
 
 
 def describe_plan(cfg: RunConfig, p: Plan) -> str:

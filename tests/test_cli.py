@@ -163,7 +163,8 @@ def test_bench_baseline_must_exist(here):
     (["check", "--offline", "--tracking_uri", "./mlruns"], "is a file store, which MLflow 3"),
     (["check", "--offline", "--tracking_uri", "databricks"], "(a Databricks workspace) is not a store dsnb runs"),
     (["ui", "--tracking_uri", "dsnb_mlflow.zip"], "is a zip of a store: open it with dsnb.open_store"),
-    (["check", "--offline", "--lora_targets", "foo_proj"], "lora_targets 'foo_proj' names no layer of synthetic:tiny"),
+    (["check", "--offline", "--lora_targets", "foo_proj"],
+     "lora_targets 'foo_proj': foo_proj names no layer of synthetic:tiny"),
     (["ui", "--tracking_uri", "http://127.0.0.1:9"], "tracking_uri http://127.0.0.1:9 does not answer"),
 ])
 def test_every_cli_error_is_one_line(workdir, capsys, args, message):

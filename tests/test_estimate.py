@@ -5,7 +5,7 @@ import torch
 from dsnb.config import OFFLINE, RunConfig
 from dsnb.data import build_dataset
 from dsnb.estimate import MB, estimate_memory, tokens_per_micro_batch, trainable_params
-from dsnb.model import count_parameters, load_model
+from dsnb.model import count_parameters, load_model, synthetic_config
 
 
 def tensor_mb(tensors):
@@ -113,9 +113,7 @@ def test_full_fine_tuning_peaks_at_the_optimizers_step(changes, gpus, measured):
     """Full fine-tuning of the 3B shape on the H200 (8 short samples a micro-batch) peaks in the optimizer's step, when
     the activations are gone and the step's transient copies exist: the committed runs, within 1% (before the step was
     told apart from the backward, ZeRO-1/2 on one GPU came out 12-14% under and DDP 6% over)."""
-    from types import SimpleNamespace
-
-    shape = SimpleNamespace(**B3, head_dim=128)
+    shape = synthetic_config(B3, 0, 1)
     cfg = RunConfig(**{**FULL, **changes})
     est = estimate_memory(cfg, shape, trainable_params(cfg, shape), 8 * 62, gpus, 62)["est_peak_gpu_mb"]
     assert est == pytest.approx(measured, rel=0.01)
@@ -129,11 +127,9 @@ def test_activations_count_what_a_layer_keeps_and_each_adapters_dropout(dropout,
     held transformers' copies of the grouped key/value heads, which dsnb's flex attention no longer makes: they are
     added back here (kv_copies), as benchmarks/advise_vs_measured.py does for every run made before; so are the logits
     they output (estimate.logits_outputs)."""
-    from types import SimpleNamespace
-
     from dsnb.estimate import kv_copies, logits_outputs
 
-    shape = SimpleNamespace(**B3, head_dim=128)
+    shape = synthetic_config(B3, 0, 1)
     cfg = RunConfig(quantization="none", dtype="bf16", padding="filled", max_length=512, batch_size=24, grad_accum=1,
                     torch_compile=True, lora_dropout=dropout, attention="flex")
     est = estimate_memory(cfg, shape, trainable_params(cfg, shape), 24 * 512, 1, 512)["est_peak_gpu_mb"]
@@ -147,12 +143,10 @@ def test_flex_attention_holds_no_copies_of_grouped_key_value_heads():
     with dsnb's grouped heads, 47,097 with transformers' copies (throughput_levers.py now and repeatkv, gqa_h100.md):
     within 1%, and the copies' bytes are the difference. The 1B shape's 32 heads were never copied. Without the logits
     as a compiled output (loop.loss_only), 35,495 MB: within 1%, and the outputs' bytes the difference."""
-    from types import SimpleNamespace
-
     from dsnb.estimate import kv_copies, logits_outputs
     from dsnb.model import SHAPES
 
-    shape = SimpleNamespace(**B3, head_dim=128)
+    shape = synthetic_config(B3, 0, 1)
     cfg = RunConfig(quantization="none", dtype="bf16", padding="filled", max_length=1024, batch_size=12, grad_accum=1,
                     torch_compile=True, attention="flex")
     est = estimate_memory(cfg, shape, trainable_params(cfg, shape), 12 * 1024, 1, 1024)["est_peak_gpu_mb"]
@@ -168,7 +162,7 @@ def test_flex_attention_holds_no_copies_of_grouped_key_value_heads():
     assert logits_outputs(deepspeed, shape, 1) == logits_outputs(chunked, shape, 1) == 0
     copies_mb = kv_copies(cfg, shape) * 12 * 1024 * shape.num_hidden_layers * 2 / 2**20
     assert copies_mb == pytest.approx(47097 - 44411, rel=0.01)
-    one_b = SimpleNamespace(**SHAPES["llama-3.2-1b"], head_dim=64)
+    one_b = synthetic_config(SHAPES["llama-3.2-1b"], 0, 1)
     assert kv_copies(cfg, one_b) == 0 and kv_copies(cfg.replace(attention="sdpa"), shape) == 0
     assert kv_copies(cfg.replace(max_length=64), shape) == 0  # short rows keep transformers' copies (model.attend...)
 
@@ -182,13 +176,11 @@ def test_the_offloaded_optimizers_host_ram_is_rounded_to_powers_of_two(shape_nam
     """DeepSpeed's offloaded optimizer keeps its fp32 master weights, their gradients and a 16-bit copy in page-locked
     memory, which PyTorch's host allocator rounds up to a power of two, beside Adam's moments: each process's peak
     RSS within 5% (a flat 22 bytes a weight, fitted to 1B and 3B, came out 10% under for 1B and 26-35% over for 8B)."""
-    from types import SimpleNamespace
-
     from dsnb.estimate import host_ram_mb
     from dsnb.model import SHAPES
 
     dims = SHAPES[shape_name]
-    shape = SimpleNamespace(**dims, head_dim=dims["hidden_size"] // dims["num_attention_heads"], dtype="bfloat16")
+    shape = synthetic_config(dims, 0, 1)
     cfg = RunConfig(**FULL, strategy=stage, offload_optimizer="cpu")
     assert host_ram_mb(cfg, shape, trainable_params(cfg, shape), gpus) == pytest.approx(measured, rel=0.05)
 
@@ -197,15 +189,13 @@ def test_a_process_without_weights_and_deepspeeds_own_take_host_ram():
     """A GPU process's resident memory without weights (the 0.4M-parameter quality model: 1,886 MB measured), and what
     ZeRO-3 (or DeepSpeed on several GPUs) adds at loading (3B full fine-tuning under ZeRO-3: 7,805 MB, 7% above the
     weights and the process alone)."""
-    from types import SimpleNamespace
-
     from dsnb.estimate import host_ram_mb
     from dsnb.model import SHAPES
 
-    small = SimpleNamespace(**dict(SHAPES["small"], vocab_size=420), head_dim=32)
+    small = synthetic_config(dict(SHAPES["small"], vocab_size=420), 0, 1)
     quality = RunConfig.layered({"preset": "quality"})
     assert host_ram_mb(quality, small, trainable_params(quality, small)) == pytest.approx(1886, rel=0.02)
-    shape = SimpleNamespace(**B3, head_dim=128, dtype="bfloat16")
+    shape = synthetic_config(B3, 0, 1)
     zero3 = RunConfig(**FULL, strategy="zero3")
     assert host_ram_mb(zero3, shape, trainable_params(zero3, shape)) == pytest.approx(7805, rel=0.02)
 
@@ -261,12 +251,10 @@ def test_zero2_counts_its_reduce_buckets_where_they_outweigh_the_logits():
     gradient, whatever trains, and frees them at its end; notebook 01's ZeRO-2 + offload run on the H200 peaked 1.7 GB
     above the other terms with per-batch padding (6,292 MB allocated; estimated 4,606 before this term, 6,246
     with it)."""
-    from types import SimpleNamespace
-
     from dsnb.estimate import REDUCE_BUCKET, logits_outputs
     from dsnb.model import SHAPES
 
-    shape = SimpleNamespace(**SHAPES["llama-3.2-3b"])
+    shape = synthetic_config(SHAPES["llama-3.2-3b"], 0, 1)
     base = RunConfig.layered({"model": "synthetic:llama-3.2-3b", "dataset": "synthetic", "preset": "colab_t4",
                               "padding": "longest"})  # the preset as notebook 01 ran it (it pads to bucket since)
     assert (base.dtype, base.quantization, base.padding) == ("fp16", "8bit", "longest")
@@ -319,3 +307,34 @@ def test_the_trainable_count_from_the_config_is_the_models_own(targets):
     model, _ = load_model(cfg, "cpu")
     assert trainable_params(cfg, model_config(cfg.model)) == sum(p.numel() for p in model.parameters()
                                                                    if p.requires_grad)
+
+
+@pytest.mark.parametrize("arch, targets", [("Llama", "q_proj,v_proj"), ("Qwen2", "all-linear"),
+                                           ("Phi3", "qkv_proj,o_proj,lm_head"), ("GPTNeoX", "query_key_value"),
+                                           ("GPTNeoX", "all-linear"), ("Gemma3Text", "embed_tokens,down_proj"),
+                                           ("Phi3", "full"), ("GPTNeoX", "full")])
+def test_trainable_and_matmul_weights_are_the_models_own_whatever_it_names_its_layers(arch, targets):
+    """estimate.trainable_params and metrics.matmul_params count the weights of the model built on the meta device:
+    the same as peft's adapters on the real model and the real model's linear layers, where Phi-3's fused qkv and
+    gate_up, GPT-NeoX's fused query_key_value and 4x MLP, and Qwen 2's biases differ from Llama's formula (which gave
+    Pythia 1B's N as 1.18 billion against its 0.91)."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from dsnb.metrics import matmul_params
+
+    config = getattr(transformers, f"{arch}Config")(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                                    head_dim=16, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert matmul_params(config) == linear
+    if targets == "full":
+        cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=0))
+        assert trainable_params(cfg, config) == sum(p.numel() for p in model.parameters())
+        return
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", lora_r=8, lora_targets=targets))
+    peft_targets = targets if targets == "all-linear" else targets.split(",")
+    adapted = get_peft_model(model, LoraConfig(r=8, target_modules=peft_targets))
+    assert trainable_params(cfg, config) == sum(p.numel() for p in adapted.parameters() if p.requires_grad) > 0

@@ -5,20 +5,19 @@ is the synthetic Llama-3.2-3B's (the tutorial's Bllossom 3B has the same dimensi
 import json
 import os
 import statistics
-from types import SimpleNamespace
 
 import pytest
 
 from dsnb.config import RunConfig
 from dsnb.estimate import trainable_params
-from dsnb.model import SHAPES
+from dsnb.model import SHAPES, synthetic_config
 from dsnb.timing import (FASTER, GPUS, HELD_OUT, RATES, describe_time, faster_settings, minutes, pair_estimate,
                          time_estimate)
 
 from conftest import BENCHMARKS, benchmark_module
 
-B3 = SimpleNamespace(**SHAPES["llama-3.2-3b"])
-B8 = SimpleNamespace(**SHAPES["llama-3.1-8b"])
+B3 = synthetic_config(SHAPES["llama-3.2-3b"], 0, 1)
+B8 = synthetic_config(SHAPES["llama-3.1-8b"], 0, 1)
 LENGTHS = [44, 37, 39, 35, 43, 40, 36, 55, 54, 45] * 100  # the synthetic set's first ten closed-book samples
 
 
