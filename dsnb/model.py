@@ -205,6 +205,17 @@ def lora_matches(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
+def eager_attention(cfg: RunConfig, config) -> str:
+    """The model class's name where attention sdpa cannot be had (Gemma 2, Bloom, MPT: transformers loads them with
+    its eager attention, which keeps each layer's length x length weights per head for the backward); else ''."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if cfg.attention != "sdpa" or type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return ""
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    return "" if getattr(model_class, "_supports_sdpa", True) else model_class.__name__
+
+
 def packing_isolates(config) -> bool:
     """Whether this architecture keeps the samples of a packed row apart as dsnb's collators pack them (padding packed
     or filled: position ids restarting at each sample, no attention mask). Transformers makes the block-diagonal mask

@@ -524,6 +524,7 @@ def record_start(s: Session, checkpoint: str | None) -> None:
     mlflow.log_metrics({k: v for k, v in s.plan.estimate.items() if s.device != "cpu" or k != "est_peak_gpu_mb"})
 
     mlflow.log_params({**s.counts, **s.plan.data, "device": s.device, "mfu_convention": MFU_CONVENTION,
+                       "attention_used": getattr(s.trainer.model.config, "_attn_implementation", None) or "?",
                        "eval_task": eval_task(s.cfg), "eval_set": eval_set_id(s.plan.eval_rows),
                        "scoring_mode": s.plan.scoring, "data_fingerprint": data_fingerprint(s.plan.train_set),
                        "train_math": json.dumps(s.math, sort_keys=True)})

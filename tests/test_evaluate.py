@@ -167,8 +167,8 @@ def test_the_quality_run_learns_the_held_out_facts(workdir):
     assert len(rows) == 72 and {"set", "id", "question", "gold", "before", "after", "after_em"} <= set(rows[0])
     assert sum(r["after_em"] for r in rows) == round(72 * m["eval_exact_match"])
     params = client.get_run(result.run_id).data.params
-    assert (params["eval_task"], params["scoring_mode"], params["eval_pool"]) == (
-        "reading the passage", "korquad", "72")
+    assert (params["eval_task"], params["scoring_mode"], params["eval_pool"], params["attention_used"]) == (
+        "reading the passage", "korquad", "72", "sdpa")  # the attention the loaded model ran, not the field asked
 
 
 @pytest.mark.integration
