@@ -195,3 +195,24 @@ def test_a_model_that_mixes_packed_samples_or_names_its_sizes_otherwise_is_refus
     done = check("gpt2", "bucket")
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "(model type gpt2) has no intermediate_size in its config" in done.stderr, done.stderr
+
+
+def test_the_architecture_checks_build_their_copy_outside_a_zero3_runs_partitioning(monkeypatch):
+    """A ZeRO-3 run's TrainingArguments switch on transformers' ZeRO-3 mode before the plan runs, where from_config
+    would build packing_isolates' copy (and weight_shapes' meta model) partitioned by deepspeed.zero.Init, empty, and
+    refuse padding packed; the class is built directly. Llama 3.2 Vision's text config (no auto mapping of its own) is
+    built as MllamaForCausalLM."""
+    import transformers
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    from dsnb.model import model_config, packing_isolates, weight_shapes
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    zero3 = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    assert is_deepspeed_zero3_enabled()
+    config = model_config("synthetic:tiny")
+    assert packing_isolates(config) and len(weight_shapes(config)["linear"]) == 15
+    del zero3
+    vision = transformers.MllamaConfig(text_config=dict(TINY_DECODER, cross_attention_layers=[0], pad_token_id=0))
+    assert weight_shapes(vision.get_text_config())["total"] > 0
