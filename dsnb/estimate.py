@@ -330,7 +330,11 @@ def zero2_peak(cfg: RunConfig, config, gpu: float, logits: float, world_size: in
 
 
 def linear_params(config) -> int:
-    """Weights in the attention and MLP projections of a Llama-like config."""
+    """Weights in the attention and MLP projections (every linear layer but the LM head) of the model built on the meta
+    device (model.weight_shapes); a mixture of experts' stacked matrices as one expert's MLP (Llama's formula)."""
+    shapes = weight_shapes(config)
+    if not shapes["experts"]:
+        return sum(i * o for name, (i, o) in shapes["linear"].items() if name.rsplit(".", 1)[-1] != "lm_head")
     h, heads = config.hidden_size, config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or h // heads
@@ -339,9 +343,8 @@ def linear_params(config) -> int:
 
 
 def total_params(config) -> int:
-    h = config.hidden_size
-    embeddings = config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-    return linear_params(config) + embeddings + config.num_hidden_layers * 2 * h + h
+    """Every weight of the model built on the meta device, tied ones once (model.weight_shapes)."""
+    return weight_shapes(config)["total"]
 
 
 def weight_bytes(cfg: RunConfig, config, trainable: int) -> tuple[float, int]:
@@ -415,9 +418,9 @@ def trainable_params(cfg: RunConfig, config) -> int:
     """Trainable parameters from the config alone (the model built on the meta device, model.weight_shapes): every
     weight for full fine-tuning, r x (in + out) for each matrix a LoRA adapter is put on (peft's matching: a module's
     name or its last parts; all-linear: every linear layer but the LM head), r x (rows + width) for an embedding."""
-    shapes = weight_shapes(config)
     if cfg.lora_r == 0:
-        return shapes["total"]
+        return total_params(config)
+    shapes = weight_shapes(config)
     if cfg.lora_targets == "all-linear":
         linear = [shape for name, shape in shapes["linear"].items() if name.rsplit(".", 1)[-1] != "lm_head"]
         return cfg.lora_r * sum(i + o for i, o in linear)

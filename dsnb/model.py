@@ -565,8 +565,8 @@ def check_targets(cfg: RunConfig, model) -> None:
     """Every module name in lora_targets got an adapter: peft drops a misspelled one silently when another matches."""
     if cfg.lora_targets == "all-linear":
         return
-    adapted = {name.rsplit(".", 1)[-1] for name in model.targeted_module_names}
-    missing = [t for t in cfg.lora_targets.split(",") if t.strip() not in adapted]
+    missing = [t for t in cfg.lora_targets.split(",") if not any(lora_matches(name, [t.strip()])
+                                                                  for name in model.targeted_module_names)]
     if missing:
         import torch
 

@@ -97,7 +97,7 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
     check_architecture(cfg.model, config)
     check_packing(cfg, config)
     trainable = trainable_params(cfg, config)
-    check_lora_targets(cfg, config, trainable)
+    check_lora_targets(cfg, config)
     device = preflight.pick_device()
     estimate = estimate_memory(cfg, config, trainable, tokens_per_micro_batch(cfg, samples), world,
                                row_length(cfg, samples), on_gpu=device != "cpu")
@@ -110,14 +110,16 @@ def plan(cfg: RunConfig, world: int = 1) -> Plan:
                 recall_rows, data, scoring_mode(cfg), [sum(m) for m in samples["attention_mask"]], world)
 
 
-def check_lora_targets(cfg: RunConfig, config, trainable: int) -> None:
-    """LoRA's target names match a layer of the model, before it loads (peft says so only once it has loaded): the
-    model built on the meta device names its layers (model.weight_shapes), whatever the architecture."""
+def check_lora_targets(cfg: RunConfig, config) -> None:
+    """Each of LoRA's target names matches a layer of the model, before it loads (peft says so only once it has loaded,
+    and drops a misspelled name silently where another matches): the model built on the meta device names its layers
+    (model.weight_shapes), whatever the architecture."""
     if not cfg.lora_r or cfg.lora_targets == "all-linear":
         return
-    names = [*weight_shapes(config)["linear"], *weight_shapes(config)["embedding"]]
-    missing = [t.strip() for t in cfg.lora_targets.split(",") if not any(lora_matches(n, [t.strip()]) for n in names)]
-    if missing or not trainable:
+    shapes = weight_shapes(config)
+    names = [*shapes["linear"], *shapes["embedding"]]
+    missing = [t for t in map(str.strip, cfg.lora_targets.split(",")) if not any(lora_matches(n, [t]) for n in names)]
+    if missing:
         layers = sorted({name.rsplit(".", 1)[-1] for name in names})
         raise ConfigError(f"lora_targets {cfg.lora_targets!r}: {', '.join(missing)} names no layer of {cfg.model} "
                           f"({getattr(config, 'model_type', '?')}); its layers are {', '.join(layers)} (or all-linear)")
