@@ -36,6 +36,8 @@ whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% o
                fits were made with them; the logits' term goes below zero there, the layers' term holding the rest).
                Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without.
                With loss_chunk, less what chunking frees, one chunk's and the hidden states' gradient (logits_bytes)
+               Eager attention (Gemma 2, Bloom, MPT: no SDPA in transformers): each layer's rows x length x length
+               weights per query head, at the bytes measured on a small copy (eager_weights: 6-8 in bf16)
   ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
                compute dtype whatever trains, two under overlap_comm (several GPUs, or the optimizer
                offloaded; dsnb/zero.py). By then the logits' memory is gone, so they raise the peak only
@@ -77,7 +79,7 @@ import random
 
 from .config import RunConfig
 from .data import BUCKET, best_fit, packed_rows
-from .model import grouped_flex, lora_matches, weight_shapes
+from .model import eager_attention, eager_weight_bytes, grouped_flex, lora_matches, weight_shapes
 from .zero import overlap_comm
 
 MB = 2**20
@@ -143,7 +145,8 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
     logits = logits_bytes(cfg, config, tokens_per_micro_batch, act_bytes, on_gpu, logits_output)
     # The attention mask of a padded (or packed) row is rows x length x length: nothing at 512 tokens, the whole machine
     # at 100,000 (measured on the CPU: 9 bytes per element of it, fp32, SDPA).
-    activations = tokens_per_micro_batch * (layers * per_token_layer + MASK_BYTES * row_length) + logits
+    activations = tokens_per_micro_batch * (layers * per_token_layer + MASK_BYTES * row_length) + logits + \
+        eager_weights(cfg, config, tokens_per_micro_batch, row_length)
     backward = held["weights"] + held["live"] + held["backward_grads"] + held["states"] + activations
     if cfg.zero_stage == 2:
         backward = zero2_peak(cfg, config, backward, logits, world_size, act_bytes, load_bytes, on_gpu)
@@ -163,6 +166,18 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
             "est_grads_mb": held["backward_grads"] / MB,
             "est_optimizer_mb": (step - held["weights"] - held["grads"]) / MB,
             "est_optimizer_states_mb": held["all_states"] / MB, "est_activations_mb": activations / MB}
+
+
+def eager_weights(cfg: RunConfig, config, tokens: int, row_length: int) -> float:
+    """What a model that attends eagerly (model.eager_attention: Gemma 2, Bloom, MPT under attention sdpa) keeps of its
+    attention weights for the backward: rows x length x length per layer and query head (tokens x row_length), at the
+    bytes a weight measured on a small copy of its architecture (model.eager_weight_bytes: 6 in bf16 for Bloom's, 8 for
+    Gemma 2's). 0 where attention runs through SDPA or flex, which keep none. Only what the layers keep is counted: the
+    backward's own length x length gradients of one layer at a time are not (not measured on a GPU)."""
+    if not row_length or not eager_attention(cfg, config):
+        return 0.0
+    return tokens * row_length * config.num_hidden_layers * config.num_attention_heads * \
+        eager_weight_bytes(config, cfg.dtype)
 
 
 def activation_bytes(cfg: RunConfig) -> int:

@@ -220,11 +220,72 @@ def lora_matches(name: str, targets) -> bool:
 
 def eager_attention(cfg: RunConfig, config) -> str:
     """The model class's name where attention sdpa cannot be had (Gemma 2, Bloom, MPT: transformers loads them with
-    its eager attention, which keeps each layer's length x length weights per head for the backward); else ''."""
+    its eager attention, which keeps each layer's length x length weights per head for the backward, counted by the
+    memory estimate through eager_weight_bytes); else ''."""
     if cfg.attention != "sdpa":
         return ""
     model_class = causal_lm_class(config)
     return "" if getattr(model_class, "_supports_sdpa", True) else model_class.__name__
+
+
+EAGER_WEIGHT_FALLBACK = 8  # bytes an attention weight where a small copy cannot be measured: the most measured
+
+
+def eager_weight_bytes(config, dtype: str) -> float:
+    """Bytes autograd keeps for the backward per attention weight (a row's query x key position, per layer and query
+    head) where a model attends eagerly (eager_attention), in the compute dtype (bf16, fp16, fp32). Measured, not
+    assumed: a small copy of the architecture (small_copy; 8 elements a head) run forward in training mode at 64, 128
+    and 192 tokens on the CPU, and the tensors its forward saves for the backward counted at each length, each storage
+    once; their second difference is the part that grows with the length's square. Llama's eager attention keeps 6 in
+    bf16 (the softmax's fp32 output and its bf16 copy) and 4 in fp32, Bloom's and MPT's the same, Gemma 2's 8 (its
+    soft-capping's tanh too). Cached by architecture and dtype (under a second each); EAGER_WEIGHT_FALLBACK where the
+    copy cannot be built or run here."""
+    key = (type(config).__name__, config.to_json_string(use_diff=False), dtype)
+    if key not in EAGER_WEIGHTS_SEEN:
+        try:
+            EAGER_WEIGHTS_SEEN[key] = measure_eager_weights(config, dtype)
+        except Exception:  # an architecture whose small copy transformers cannot build or run from its config alone
+            EAGER_WEIGHTS_SEEN[key] = EAGER_WEIGHT_FALLBACK
+    return EAGER_WEIGHTS_SEEN[key]
+
+
+EAGER_WEIGHTS_SEEN: dict = {}
+
+
+def measure_eager_weights(config, dtype: str) -> float:
+    import torch
+
+    small = small_copy(config)
+    heads = small.num_attention_heads
+    small.hidden_size = heads * 8
+    if isinstance(getattr(small, "head_dim", None), int):
+        small.head_dim = 8
+    small._attn_implementation = "eager"
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.default_generator.manual_seed(0)
+        model = causal_lm_class(small)(small).to(torch_dtype).train()
+        saved = [saved_bytes(model, length) for length in (64, 128, 192)]
+    return (saved[2] - 2 * saved[1] + saved[0]) / (2 * 64 ** 2) / (small.num_hidden_layers * heads)
+
+
+def saved_bytes(model, length: int) -> int:
+    """Bytes of the tensors one forward of a row of `length` tokens saves for its backward, each storage once."""
+    import torch
+
+    storages = {}
+
+    def keep(t):
+        if t.device.type != "meta":
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(0, 128, (1, length))
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(input_ids=ids, use_cache=False)
+    return sum(storages.values())
 
 
 def packing_isolates(config) -> bool:
@@ -235,9 +296,29 @@ def packing_isolates(config) -> bool:
     before it. Checked by running it: a copy of the architecture with random weights, one layer of each kind it has
     (layer_types) and narrow MLPs, two samples packed in a row against the second alone, in fp32 on the CPU (under two
     seconds and 1 GB for an 8B shape), the caller's random state untouched."""
-    import copy
-
     import torch
+
+    small = small_copy(config)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.default_generator.manual_seed(0)  # the CPU's generator alone: a GPU's stays as the caller left it
+        model = causal_lm_class(small)(small).float().eval()
+        with torch.no_grad():
+            ids = torch.randint(0, 128, (1, 12))
+            first, second = 5, 7
+            positions = torch.cat([torch.arange(first), torch.arange(second)])[None]
+            packed = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, first:]
+            alone = model(input_ids=ids[:, first:], position_ids=torch.arange(second)[None], use_cache=False).logits[0]
+    # fp32 rounding between the two shapes: 5e-6 of logits up to 4.3 (the 3B shape); a sample that sees another:
+    # 0.34 of logits up to 0.71 (OPT)
+    return bool((packed - alone).abs().max() <= 1e-4 * alone.abs().max())
+
+
+def small_copy(config):
+    """A copy of config that transformers builds in a moment on the CPU and that checks the same things: one layer of
+    each kind it has (layer_types), a vocabulary of 128, no special token ids, MLPs at most 256 wide and, for a mixture
+    of experts, two experts."""
+    import copy
 
     small = copy.deepcopy(config)
     kinds = list(dict.fromkeys(getattr(small, "layer_types", None) or [None]))
@@ -258,19 +339,7 @@ def packing_isolates(config) -> bool:
             for group in ("n_group", "topk_group"):
                 if hasattr(small, group):
                     setattr(small, group, 1)
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.default_generator.manual_seed(0)  # the CPU's generator alone: a GPU's stays as the caller left it
-        model = causal_lm_class(small)(small).float().eval()
-        with torch.no_grad():
-            ids = torch.randint(0, 128, (1, 12))
-            first, second = 5, 7
-            positions = torch.cat([torch.arange(first), torch.arange(second)])[None]
-            packed = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, first:]
-            alone = model(input_ids=ids[:, first:], position_ids=torch.arange(second)[None], use_cache=False).logits[0]
-    # fp32 rounding between the two shapes: 5e-6 of logits up to 4.3 (the 3B shape); a sample that sees another:
-    # 0.34 of logits up to 0.71 (OPT)
-    return bool((packed - alone).abs().max() <= 1e-4 * alone.abs().max())
+    return small
 
 
 def check_packing(cfg: RunConfig, config) -> None:

@@ -17,8 +17,8 @@ from .data import (CLOSED_BOOK, EVAL_SEED, NO_ANSWER, build_dataset, fill_rows, 
 from .estimate import CPU_HOST_ERROR, HOST_ERROR, estimate_memory, row_length, tokens_per_micro_batch, trainable_params
 from .estimate import error_text as estimate_error
 from .evaluate import scoring_mode
-from .model import (check_architecture, check_packing, eager_attention, load_tokenizer, lora_matches, model_config,
-                    weight_shapes)
+from .model import (check_architecture, check_packing, eager_attention, eager_weight_bytes, load_tokenizer,
+                    lora_matches, model_config, weight_shapes)
 from .timing import describe_time, faster_settings, gpu_class, minutes, pair_estimate, time_estimate
 
 
@@ -150,8 +150,10 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     eager = eager_attention(cfg, p.config)
     if eager:
         lines.append(f"note: {eager} has no SDPA attention in transformers: it attends eagerly (the run's parameter "
-                     "attention_used says so), keeping each layer's length x length attention weights per head, "
-                     "which the memory estimate leaves out (not measured)")
+                     "attention_used says so), keeping each layer's length x length attention weights per head: "
+                     f"{eager_weight_bytes(p.config, cfg.dtype):g} bytes each in {cfg.dtype} (measured on the CPU on a "
+                     "small copy of it), which the memory estimate counts; the time estimate does not count eager "
+                     "attention's own speed")
     if d["train_no_answer"]:
         lines.append(f"note: {d['train_no_answer']} of the {p.samples} training samples have no answer (SQuAD 2.0's "
                      f"unanswerable questions, or an answer left empty): they train the answer {NO_ANSWER!r}, as the "

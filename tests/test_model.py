@@ -186,11 +186,12 @@ def test_a_model_that_mixes_packed_samples_or_names_its_sizes_otherwise_is_refus
         done = check("biogpt", padding)
         assert done.returncode != 0 and f"padding {padding} puts several samples in a row" in done.stderr
         assert "(biogpt) does not read them into its attention" in done.stderr and "set padding bucket" in done.stderr
-    gemma2 = tmp_path / "gemma2"  # no SDPA in transformers: eager attention, which the plan says the estimate omits
+    gemma2 = tmp_path / "gemma2"  # no SDPA in transformers: eager attention, which the plan says and counts
     shutil.copytree(tmp_path / "biogpt", gemma2)
     (gemma2 / "config.json").write_text(transformers.Gemma2Config(**TINY_DECODER, head_dim=16).to_json_string())
     done = check("gemma2", "bucket")
     assert done.returncode == 0 and "Gemma2ForCausalLM has no SDPA attention in transformers" in done.stdout
+    assert "8 bytes each in" in done.stdout and "which the memory estimate counts" in done.stdout
     assert "eagerly" not in check("biogpt", "bucket").stdout
     done = check("gpt2", "bucket")
     assert done.returncode != 0 and "Traceback" not in done.stderr
