@@ -344,10 +344,10 @@ def test_trainable_and_matmul_weights_are_the_models_own_whatever_it_names_its_l
                                                        ("Llama", "q_proj,v_proj", 0)])
 def test_eager_attentions_weights_are_counted_as_a_real_model_keeps_them(arch, targets, bf16_bytes):
     """Gemma 2 and Bloom have no SDPA attention in transformers: eager attention keeps each layer's rows x length x
-    length weights per head for the backward (Gemma 2 8 bytes each in bf16, Bloom 6), which the estimate left out. Here a
-    real LoRA model of each, 2 rows, counts the tensors its forward saves (each storage once) at three lengths; the part
-    that grows with the length's square is what the estimate's term says, within 3%, and the estimate holds it. Llama
-    runs SDPA, which keeps none: no term."""
+    length weights per head for the backward (Gemma 2 8 bytes each in bf16, Bloom 6), which the estimate left out.
+    Here a real LoRA model of each, 2 rows, counts the tensors its forward saves (each storage once) at three lengths;
+    the part that grows with the length's square is what the estimate's term says, within 3%, and the estimate holds
+    it. Llama runs SDPA, which keeps none: no term."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
