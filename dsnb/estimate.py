@@ -36,8 +36,8 @@ whole against every committed GPU run (median error 0.5%, 95th percentile 2.9% o
                fits were made with them; the logits' term goes below zero there, the layers' term holding the rest).
                Measured: compiled LoRA with 12,288 tokens a micro-batch, within 0.4% with dropout and without.
                With loss_chunk, less what chunking frees, one chunk's and the hidden states' gradient (logits_bytes)
-               Eager attention (Gemma 2, Bloom, MPT: no SDPA in transformers): each layer's rows x length x length
-               weights per query head, at the bytes measured on a small copy (eager_weights: 6-8 in bf16)
+               Eager attention (Gemma 2, GPT-OSS, ...: no SDPA in transformers): each layer's rows x length x length
+               weights per query head, at the bytes measured on a small copy (eager_weights: 2-8 in bf16)
   ZeRO-2       from a backward's first gradient to its end, DeepSpeed's reduce buckets: 5e8 elements in the
                compute dtype whatever trains, two under overlap_comm (several GPUs, or the optimizer
                offloaded; dsnb/zero.py). By then the logits' memory is gone, so they raise the peak only
@@ -169,15 +169,16 @@ def estimate_memory(cfg: RunConfig, config, trainable: int, tokens_per_micro_bat
 
 
 def eager_weights(cfg: RunConfig, config, tokens: int, row_length: int) -> float:
-    """What a model that attends eagerly (model.eager_attention: Gemma 2, Bloom, MPT under attention sdpa) keeps of its
-    attention weights for the backward: rows x length x length per layer and query head (tokens x row_length), at the
-    bytes a weight measured on a small copy of its architecture (model.eager_weight_bytes: 6 in bf16 for Bloom's, 8 for
-    Gemma 2's). 0 where attention runs through SDPA or flex, which keep none. Only what the layers keep is counted: the
-    backward's own length x length gradients of one layer at a time are not (not measured on a GPU)."""
+    """What a model that attends eagerly (model.eager_attention: under attention sdpa, Gemma 2, GPT-OSS, VaultGemma and
+    the others transformers gives no SDPA attention) keeps of its attention weights for the backward: rows x length x
+    length per layer and query head (tokens x row_length), at the bytes a weight measured on a small copy of its
+    architecture (model.eager_weight_bytes: 8 in bf16 for Gemma 2's, 2 for GPT-OSS's). 0 where attention runs through
+    SDPA or flex, which keep none. Only what the layers keep is counted: the backward's own length x length gradients
+    of one layer at a time are not (not measured on a GPU)."""
     if not row_length or not eager_attention(cfg, config):
         return 0.0
     return tokens * row_length * config.num_hidden_layers * config.num_attention_heads * \
-        eager_weight_bytes(config, cfg.dtype)
+        eager_weight_bytes(config, cfg.dtype)[0]
 
 
 def activation_bytes(cfg: RunConfig) -> int:

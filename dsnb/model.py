@@ -231,7 +231,7 @@ def lora_matches(name: str, targets) -> bool:
 
 
 def eager_attention(cfg: RunConfig, config) -> str:
-    """The model class's name where attention sdpa cannot be had (Gemma 2, Bloom, MPT: transformers loads them with
+    """The model class's name where attention sdpa cannot be had (Gemma 2, GPT-OSS, ...: transformers loads them with
     its eager attention, which keeps each layer's length x length weights per head for the backward, counted by the
     memory estimate through eager_weight_bytes); else ''."""
     if cfg.attention != "sdpa":
@@ -243,21 +243,25 @@ def eager_attention(cfg: RunConfig, config) -> str:
 EAGER_WEIGHT_FALLBACK = 8  # bytes an attention weight where a small copy cannot be measured: the most measured
 
 
-def eager_weight_bytes(config, dtype: str) -> float:
-    """Bytes autograd keeps for the backward per attention weight (a row's query x key position, per layer and query
-    head) where a model attends eagerly (eager_attention), in the compute dtype (bf16, fp16, fp32). Measured, not
-    assumed: a small copy of the architecture (small_copy; 8 elements a head) run forward in training mode at 64, 128
-    and 192 tokens on the CPU, and the tensors its forward saves for the backward counted at each length, each storage
-    once; their second difference is the part that grows with the length's square. Llama's eager attention keeps 6 in
-    bf16 (the softmax's fp32 output and its bf16 copy) and 4 in fp32, Bloom's and MPT's the same, Gemma 2's 8 (its
-    soft-capping's tanh too). Cached by architecture and dtype (under a second each); EAGER_WEIGHT_FALLBACK where the
-    copy cannot be built or run here."""
+def eager_weight_bytes(config, dtype: str) -> tuple[float, str]:
+    """(bytes, why not measured) that autograd keeps for the backward per attention weight (one row's query x key
+    position, per layer and query head, averaged over the model's layers) where a model attends eagerly
+    (eager_attention), in the compute dtype (bf16, fp16, fp32); why is '' where measured.
+
+    Measured, not assumed: a small copy of the architecture (small_copy: one layer of each kind, 8 elements a head where
+    it builds so, else its own width) run forward in training mode at 64, 128 and 192 tokens on the CPU, in the dtype
+    as a model loads in it (its fp32 modules kept fp32), and the tensors each layer saves for the backward counted at
+    each length, each storage once; their second difference is the part that grows with the length's square. Each kind
+    of layer is weighted by how many of the model's layers are of that kind. Measured under eager autograd: a compiled
+    step may keep less. Gemma 2's keeps 8 in bf16 (the softmax's fp32 output, its bf16 copy, soft-capping's tanh), 8 in
+    fp32; GPT-OSS's and MiMo-V2-Flash's 2. Cached by config and dtype (a second or two the first time);
+    EAGER_WEIGHT_FALLBACK, with the reason, where the copy cannot be built or run here."""
     key = (type(config).__name__, config_key(config), dtype)
     if key not in EAGER_WEIGHTS_SEEN:
         try:
-            EAGER_WEIGHTS_SEEN[key] = measure_eager_weights(config, dtype)
-        except Exception:  # an architecture whose small copy transformers cannot build or run from its config alone
-            EAGER_WEIGHTS_SEEN[key] = EAGER_WEIGHT_FALLBACK
+            EAGER_WEIGHTS_SEEN[key] = (measure_eager_weights(config, dtype), "")
+        except Exception as e:  # an architecture whose small copy transformers cannot build or run from its config
+            EAGER_WEIGHTS_SEEN[key] = (EAGER_WEIGHT_FALLBACK, f"{type(e).__name__}: {str(e)[:160]}")
     return EAGER_WEIGHTS_SEEN[key]
 
 
@@ -265,39 +269,65 @@ EAGER_WEIGHTS_SEEN: dict = {}
 
 
 def measure_eager_weights(config, dtype: str) -> float:
+    """eager_weight_bytes' measurement: bytes per (row, query, key, layer, head), averaged over config's layers."""
+    small = small_copy(config)
+    narrow = copy.deepcopy(small)
+    narrow.hidden_size = narrow.num_attention_heads * 8
+    if isinstance(getattr(narrow, "head_dim", None), int):
+        narrow.head_dim = 8
+    try:
+        per_layer = per_layer_squares(narrow, dtype)
+    except Exception:  # a head whose parts are sized apart (rotary and other dims): the copy at its own width
+        per_layer = per_layer_squares(small, dtype)
+    kinds = list(getattr(small, "layer_types", None) or [None])  # the small model's layer i is of kinds[i]
+    layers = list(getattr(config, "layer_types", None) or [None] * config.num_hidden_layers)[:config.num_hidden_layers]
+    return sum(per_layer[kinds.index(kind)] for kind in layers) / (len(layers) * config.num_attention_heads)
+
+
+def per_layer_squares(small, dtype: str) -> list[float]:
+    """Bytes per (row, query, key) that each decoder layer of the small model saves for its backward."""
     import torch
 
-    small = small_copy(config)
-    heads = small.num_attention_heads
-    small.hidden_size = heads * 8
-    if isinstance(getattr(small, "head_dim", None), int):
-        small.head_dim = 8
     small._attn_implementation = "eager"
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.default_generator.manual_seed(0)
         model = causal_lm_class(small)(small).to(torch_dtype).train()
-        saved = [saved_bytes(model, length) for length in (64, 128, 192)]
-    return (saved[2] - 2 * saved[1] + saved[0]) / (2 * 64 ** 2) / (small.num_hidden_layers * heads)
+        keep = [*(getattr(model, "_keep_in_fp32_modules", None) or []),
+                *(getattr(model, "_keep_in_fp32_modules_strict", None) or [])]
+        for name, module in model.named_modules():  # as from_pretrained(dtype=...) loads them
+            if keep and any(k in name for k in keep):
+                module.float()
+        layers = next(m for m in model.modules()
+                      if isinstance(m, torch.nn.ModuleList) and len(m) == small.num_hidden_layers)
+        saved = [saved_bytes(model, layers, length) for length in (64, 128, 192)]
+    return [(saved[2][i] - 2 * saved[1][i] + saved[0][i]) / (2 * 64 ** 2) for i in range(len(layers))]
 
 
-def saved_bytes(model, length: int) -> int:
-    """Bytes of the tensors one forward of a row of `length` tokens saves for its backward, each storage once."""
+def saved_bytes(model, layers, length: int) -> list[int]:
+    """Bytes of the tensors each of `layers` saves for the backward in one forward of a row of `length` tokens, each
+    storage once (where it is first saved)."""
     import torch
 
-    storages = {}
+    storages, current = {}, [None]
+    hooks = [layer.register_forward_pre_hook(lambda module, args, i=i: current.__setitem__(0, i))
+             for i, layer in enumerate(layers)]
 
     def keep(t):
-        if t.device.type != "meta":
+        if t.device.type != "meta" and current[0] is not None:
             storage = t.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
+            storages.setdefault(storage.data_ptr(), (current[0], storage.nbytes()))
         return t
 
-    ids = torch.randint(0, 128, (1, length))
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        model(input_ids=ids, use_cache=False)
-    return sum(storages.values())
+    try:
+        ids = torch.randint(0, 128, (1, length))
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [sum(n for i, n in storages.values() if i == layer) for layer in range(len(layers))]
 
 
 def packing_isolates(config) -> bool:

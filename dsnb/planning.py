@@ -149,11 +149,13 @@ def describe_plan(cfg: RunConfig, p: Plan) -> str:
     d = p.data
     eager = eager_attention(cfg, p.config)
     if eager:
+        size, why = eager_weight_bytes(p.config, cfg.dtype)
         lines.append(f"note: {eager} has no SDPA attention in transformers: it attends eagerly (the run's parameter "
                      "attention_used says so), keeping each layer's length x length attention weights per head: "
-                     f"{eager_weight_bytes(p.config, cfg.dtype):g} bytes each in {cfg.dtype} (measured on the CPU on a "
-                     "small copy of it), which the memory estimate counts; the time estimate does not count eager "
-                     "attention's own speed")
+                     + (f"{size:g} bytes each in {cfg.dtype} (measured on the CPU on a small copy of it)" if not why
+                        else f"taken as {size:g} bytes each (not measured: a small copy of it failed here, {why})")
+                     + ", which the memory estimate counts; the time estimate does not count eager attention's "
+                     "own speed")
     if d["train_no_answer"]:
         lines.append(f"note: {d['train_no_answer']} of the {p.samples} training samples have no answer (SQuAD 2.0's "
                      f"unanswerable questions, or an answer left empty): they train the answer {NO_ANSWER!r}, as the "

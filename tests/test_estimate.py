@@ -340,26 +340,30 @@ def test_trainable_and_matmul_weights_are_the_models_own_whatever_it_names_its_l
     assert trainable_params(cfg, config) == sum(p.numel() for p in adapted.parameters() if p.requires_grad) > 0
 
 
-@pytest.mark.parametrize("arch, targets, bf16_bytes", [("Gemma2", "q_proj,v_proj", 8), ("Bloom", "query_key_value", 6),
-                                                       ("Llama", "q_proj,v_proj", 0)])
-def test_eager_attentions_weights_are_counted_as_a_real_model_keeps_them(arch, targets, bf16_bytes):
-    """Gemma 2 and Bloom have no SDPA attention in transformers: eager attention keeps each layer's rows x length x
-    length weights per head for the backward (Gemma 2 8 bytes each in bf16, Bloom 6), which the estimate left out.
-    Here a real LoRA model of each, 2 rows, counts the tensors its forward saves (each storage once) at three lengths;
-    the part that grows with the length's square is what the estimate's term says, within 3%, and the estimate holds
-    it. Llama runs SDPA, which keeps none: no term."""
+@pytest.mark.parametrize("arch, layer_types, bf16_bytes", [
+    ("Gemma2", ["sliding_attention", "full_attention", "full_attention"], 8), ("GptOss", None, 2), ("Llama", None, 0)])
+def test_eager_attentions_weights_are_counted_as_a_real_model_keeps_them(arch, layer_types, bf16_bytes):
+    """Gemma 2 and GPT-OSS have no SDPA attention in transformers: eager attention keeps each layer's rows x length x
+    length weights per head for the backward (Gemma 2 8 bytes each in bf16, GPT-OSS 2), which the estimate left out.
+    Here a real LoRA model of each (Gemma 2's layers of two kinds, one and two), 2 rows, counts the tensors its forward
+    saves (each storage once) at three lengths; the part that grows with the length's square is what the estimate's
+    term says, within 3%, and the estimate holds it. Llama runs SDPA, which keeps none: no term."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
     from dsnb.estimate import eager_weights
+    from dsnb.model import measure_eager_weights
 
-    config = getattr(transformers, f"{arch}Config")(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    config = getattr(transformers, f"{arch}Config")(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
-                                                    head_dim=16, max_position_embeddings=2048)
+                                                    head_dim=16, max_position_embeddings=2048,
+                                                    **({"layer_types": layer_types} if layer_types else {}))
     config._attn_implementation = "sdpa" if arch == "Llama" else "eager"
+    if bf16_bytes:  # the measurement itself, which eager_weight_bytes would replace by its fallback on an error
+        assert measure_eager_weights(config, "bf16") == bf16_bytes
     torch.manual_seed(0)
     model = get_peft_model(transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16),
-                           LoraConfig(r=8, target_modules=targets.split(","), lora_dropout=0.05)).train()
+                           LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05)).train()
 
     def saved(length):
         storages = {}
@@ -376,11 +380,11 @@ def test_eager_attentions_weights_are_counted_as_a_real_model_keeps_them(arch, t
     lengths = (128, 256, 384)
     counted = [saved(n) for n in lengths]
     square = (counted[2] - 2 * counted[1] + counted[0]) / (2 * 128 ** 2)  # bytes per (row x length x length)
-    cfg = RunConfig(**dict(OFFLINE, quantization="none", dtype="bf16", lora_targets=targets))
+    cfg = RunConfig(**dict(OFFLINE, quantization="none", dtype="bf16"))
     term = [eager_weights(cfg, config, 2 * n, n) for n in lengths]
     est_square = (term[2] - 2 * term[1] + term[0]) / (2 * 128 ** 2)
     assert est_square == pytest.approx(square, rel=0.03, abs=1)
-    assert est_square == 2 * 2 * 4 * bf16_bytes  # rows x layers x heads x bytes
+    assert est_square == 2 * 3 * 4 * bf16_bytes  # rows x layers x heads x bytes
     whole = [estimate_memory(cfg, config, trainable_params(cfg, config), 2 * n, 1, n)["est_activations_mb"] * MB
              for n in lengths]
     assert whole[2] - 2 * whole[1] + whole[0] >= est_square * 2 * 128 ** 2
