@@ -460,7 +460,9 @@ def test_an_interrupt_during_a_store_write_leaves_the_store_writable(tmp_path):
                           text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     interrupted, locked = map(int, done.stdout.split())
-    assert interrupted == 60 and locked == 0, (interrupted, locked)
+    # stderr too: once in CI (2026-12-07) 59 of the 60 interrupts reached the handler, none locked, and not again in
+    # 1,500 more here; an interrupt raised inside a finalizer is printed there and dropped by Python
+    assert interrupted == 60 and locked == 0, (interrupted, locked, done.stderr[-3000:])
 
 
 IDLE = """
