@@ -79,7 +79,7 @@ import random
 
 from .config import RunConfig
 from .data import BUCKET, best_fit, packed_rows
-from .model import eager_attention, eager_weight_bytes, grouped_flex, lora_matches, weight_shapes
+from .model import eager_attention, eager_weight_bytes, grouped_flex, lora_matches, matmul_weights, weight_shapes
 from .zero import overlap_comm
 
 MB = 2**20
@@ -345,19 +345,6 @@ def zero2_peak(cfg: RunConfig, config, gpu: float, logits: float, world_size: in
     return max(gpu, gpu - logits + buckets + largest)
 
 
-def linear_params(config) -> int:
-    """Weights in the attention and MLP projections (every linear layer but the LM head) of the model built on the meta
-    device (model.weight_shapes); a mixture of experts' stacked matrices as one expert's MLP (Llama's formula)."""
-    shapes = weight_shapes(config)
-    if not shapes["experts"]:
-        return sum(i * o for name, (i, o) in shapes["linear"].items() if name.rsplit(".", 1)[-1] != "lm_head")
-    h, heads = config.hidden_size, config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or h // heads
-    attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim
-    return config.num_hidden_layers * (attention + 3 * h * config.intermediate_size)
-
-
 def total_params(config) -> int:
     """Every weight of the model built on the meta device, tied ones once (model.weight_shapes)."""
     return weight_shapes(config)["total"]
@@ -367,7 +354,7 @@ def weight_bytes(cfg: RunConfig, config, trainable: int) -> tuple[float, int]:
     """(bytes of the weights as loaded, LoRA adapters included; bytes per loaded parameter)."""
     full = cfg.lora_r == 0
     load_bytes = 4 if cfg.dtype == "fp32" or (full and cfg.dtype == "fp16") else 2
-    linear, total = linear_params(config), total_params(config)
+    linear, total = matmul_weights(config, head=False), total_params(config)  # the head stays 16-bit
     # fp8: a byte a weight and 4 bytes a row of scales (dsnb/fp8.py; 3 MB on the 3B shape, left out); fp8_head: the
     # head's fp8 copy beside its bf16 weight, a byte a weight more
     per_linear = {"none": load_bytes, "8bit": 1.0, "4bit": 0.53, "fp8": 1.0}[cfg.quantization]

@@ -188,21 +188,10 @@ def gputil_used_mb(index: int = 0) -> float:
 
 
 def matmul_params(config) -> int:
-    """N: weights in matrix multiplies of a decoder, LM head included: every linear layer of the model built on the
-    meta device (model.weight_shapes). A mixture of experts' stacked matrices are counted as one expert's MLP a token
-    (the Llama-family formula below), not measured."""
-    from .model import weight_shapes  # deferred: metrics loads nothing of transformers at import
+    """N: weights in matrix multiplies of a decoder, LM head included (model.matmul_weights)."""
+    from .model import matmul_weights  # deferred: metrics loads nothing of transformers at import
 
-    shapes = weight_shapes(config)
-    if not shapes["experts"]:
-        return sum(i * o for i, o in shapes["linear"].values())
-    h, layers = config.hidden_size, config.num_hidden_layers
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or h // heads
-    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q and o; k and v
-    mlp = 3 * h * config.intermediate_size  # gate, up, down
-    return layers * (attn + mlp) + h * config.vocab_size
+    return matmul_weights(config)
 
 
 def flops_per_token(config, trainable: int, full: bool) -> float:

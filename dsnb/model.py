@@ -211,6 +211,22 @@ def weight_shapes(config) -> dict:
     return SHAPES_SEEN[key]
 
 
+def matmul_weights(config, head: bool = True) -> int:
+    """Weights in the model's matrix multiplies: every linear layer of the model built on the meta device
+    (weight_shapes), the LM head where head. A mixture of experts' stacked matrices are counted as one expert's MLP a
+    token (the Llama-family formula below), not measured."""
+    shapes = weight_shapes(config)
+    if not shapes["experts"]:
+        return sum(i * o for name, (i, o) in shapes["linear"].items()
+                   if head or name.rsplit(".", 1)[-1] != "lm_head")
+    h, heads = config.hidden_size, config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim  # q and o; k and v
+    return config.num_hidden_layers * (attention + 3 * h * config.intermediate_size) + \
+        (h * config.vocab_size if head else 0)
+
+
 def causal_lm_class(config):
     """The causal LM class transformers builds for this (text) config: its auto mapping's, or the class whose config it
     is (Llama 3.2 Vision's text config builds MllamaForCausalLM). Called directly, not through from_config, which
@@ -290,9 +306,7 @@ def per_layer_squares(small, dtype: str) -> list[float]:
 
     small._attn_implementation = "eager"
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.default_generator.manual_seed(0)
+    with seeded_on_cpu():
         model = causal_lm_class(small)(small).to(torch_dtype).train()
         keep = [*(getattr(model, "_keep_in_fp32_modules", None) or []),
                 *(getattr(model, "_keep_in_fp32_modules_strict", None) or [])]
@@ -341,9 +355,7 @@ def packing_isolates(config) -> bool:
     import torch
 
     small = small_copy(config)
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.default_generator.manual_seed(0)  # the CPU's generator alone: a GPU's stays as the caller left it
+    with seeded_on_cpu():
         model = causal_lm_class(small)(small).float().eval()
         with torch.no_grad():
             ids = torch.randint(0, 128, (1, 12))
@@ -354,6 +366,18 @@ def packing_isolates(config) -> bool:
     # fp32 rounding between the two shapes: 5e-6 of logits up to 4.3 (the 3B shape); a sample that sees another:
     # 0.34 of logits up to 0.71 (OPT)
     return bool((packed - alone).abs().max() <= 1e-4 * alone.abs().max())
+
+
+@contextlib.contextmanager
+def seeded_on_cpu():
+    """For a small copy's check: the CPU's generator seeded 0 and given back as it was after (a GPU's stays as the
+    caller left it), transformers' warnings about the copy's odd sizes silenced."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.default_generator.manual_seed(0)
+        yield
 
 
 def small_copy(config):
