@@ -46,6 +46,20 @@ LONG = dict(model="synthetic:tiny", dataset="synthetic", num_samples=64, dtype="
             max_steps=5000, logging_steps=1, save_model=False, eval_samples=0, quantization="none", repeats=1)
 
 
+def fake_colab(monkeypatch, **parts):
+    """sys.modules' google.colab made of `parts` (drive, output, ...) as stand-ins: a module with a spec, as Colab's
+    own is (accelerate, which transformers imports, asks importlib.util.find_spec("google.colab"), which refuses a
+    module without one)."""
+    import importlib.machinery
+    import types
+
+    colab = types.ModuleType("google.colab")
+    colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)
+    colab.__dict__.update(parts)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    return colab
+
+
 def free_port() -> int:
     """A port nothing on 127.0.0.1 listens on now (a fixed one may be taken by another checkout's tests), below the
     kernel's ephemeral range, as dsnb picks its rendezvous port: one bind(0) hands out can be taken by another

@@ -134,13 +134,13 @@ def test_on_colab_a_results_folder_on_drive_mounts_drive_however_it_is_spelled(f
     "~/dsnb" is the home's dsnb folder, not a folder named "~" (a stand-in for google.colab's drive records mounts)."""
     import types
 
+    from conftest import fake_colab
     from dsnb import notebook
 
     content, home, mounted = tmp_path / "content", tmp_path / "home", []
     content.mkdir()
     monkeypatch.setattr(notebook, "DRIVE", str(content / "drive"))
-    monkeypatch.setitem(sys.modules, "google.colab", types.SimpleNamespace(drive=types.SimpleNamespace(
-        mount=mounted.append)))
+    fake_colab(monkeypatch, drive=types.SimpleNamespace(mount=mounted.append))
     monkeypatch.setenv("COLAB_RELEASE_TAG", "rehearsal")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(content)
