@@ -63,8 +63,26 @@ def plan(wanted: list[str], have: dict[str, str] | None = None) -> tuple[list[st
             install.append(text)
     own += [f"{name}=={have[name]}" for name in ("torch", "torchvision", "torchaudio") if name in have]  # kept always
     replaced = {norm(Requirement(text).name) for text in install}
+    replaced |= {tied for name in replaced if name in have for tied in exactly_pinned(name)}
     everything = sorted(f"{name}=={version}" for name, version in have.items() if name not in replaced)
     return install, everything, own
+
+
+def exactly_pinned(name: str) -> set[str]:
+    """The packages that the installed `name` requires at one version (MLflow its mlflow-skinny and mlflow-tracing):
+    they move with it, so they are not held where it is replaced (held, pip found no version to install)."""
+    Requirement = requirement_class()
+    try:
+        requires = metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        return set()
+    tied = set()
+    for text in requires:
+        req = Requirement(text)
+        if (req.marker is None or req.marker.evaluate({"extra": ""})) and any(
+                spec.operator in ("==", "===") for spec in req.specifier):
+            tied.add(norm(req.name))
+    return tied
 
 
 def norm(name: str) -> str:

@@ -504,6 +504,27 @@ def test_the_setup_keeps_every_installed_package_and_installs_only_what_dsnb_lac
     assert f"transformers=={metadata.version('transformers')}" in own and len(everything) > len(own)
 
 
+@pytest.mark.integration
+def test_a_package_replaced_takes_the_packages_it_pins_exactly_along(monkeypatch):
+    """A runtime whose MLflow dsnb cannot use (a release requirements.txt leaves out): the installed MLflow pins its
+    mlflow-skinny and mlflow-tracing to its own version, so they are not held where MLflow is replaced; held, pip found
+    no version to install (ResolutionImpossible, and the fallback that may change other packages). pip, asked as
+    dsnb.install asks it (a dry run), resolves at once."""
+    from importlib import metadata
+
+    from dsnb.install import pip_install, plan
+
+    series = ".".join(metadata.version("mlflow").split(".")[:2])
+    install, everything, _ = plan([f"mlflow>=3.7,<4,!={series}.*"])
+    held = {pin.split("==")[0] for pin in everything}
+    assert install and not held & {"mlflow", "mlflow-skinny", "mlflow-tracing"} and "pyarrow" in held
+    monkeypatch.setenv("PIP_DRY_RUN", "1")
+    code, out = pip_install(install, everything)
+    assert code == 0 and "Would install mlflow-" in out, out[-3000:]
+    code, out = pip_install(install, everything + [f"mlflow-skinny=={metadata.version('mlflow-skinny')}"])
+    assert code != 0 and "ResolutionImpossible" in out, out[-3000:]  # held as before: no version of MLflow fits
+
+
 def test_every_hub_id_is_namespaced():
     """datasets 5 refuses a bare "squad" (it wants rajpurkar/squad): every hub id dsnb uses names its owner."""
     from dsnb.config import RunConfig
