@@ -63,16 +63,19 @@ def plan(wanted: list[str], have: dict[str, str] | None = None) -> tuple[list[st
             install.append(text)
     own += [f"{name}=={have[name]}" for name in ("torch", "torchvision", "torchaudio") if name in have]  # kept always
     replaced = {norm(Requirement(text).name) for text in install}
-    replaced |= {tied for name in replaced if name in have for tied in exactly_pinned(name)}
+    replaced |= {tied for name in replaced if name in have for tied in exactly_pinned(name, have[name])}
     everything = sorted(f"{name}=={version}" for name, version in have.items() if name not in replaced)
     return install, everything, own
 
 
-def exactly_pinned(name: str) -> set[str]:
-    """The packages that the installed `name` requires at one version (MLflow its mlflow-skinny and mlflow-tracing):
-    they move with it, so they are not held where it is replaced (held, pip found no version to install)."""
+def exactly_pinned(name: str, version: str) -> set[str]:
+    """The packages that `name` at `version`, installed in this Python, requires at one version (MLflow its
+    mlflow-skinny and mlflow-tracing): they move with it, so they are not held where it is replaced (held, pip found no
+    version to install). None where this Python has no such package at that version (a plan for another's list)."""
     Requirement = requirement_class()
     try:
+        if metadata.version(name) != version:
+            return set()
         requires = metadata.requires(name) or []
     except metadata.PackageNotFoundError:
         return set()
