@@ -223,8 +223,8 @@ def matmul_weights(config, head: bool = True) -> int:
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or h // heads
     attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim  # q and o; k and v
-    return config.num_hidden_layers * (attention + 3 * h * config.intermediate_size) + \
-        (h * config.vocab_size if head else 0)
+    layers = config.num_hidden_layers * (attention + 3 * h * config.intermediate_size)  # and gate, up, down
+    return layers + (h * config.vocab_size if head else 0)
 
 
 def causal_lm_class(config):
